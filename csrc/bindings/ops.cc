@@ -1,0 +1,214 @@
+// Submitting collectives from Python. Argument errors are found here, on
+// the caller's thread, and raised at once; everything that needs the other
+// ranks is decided by the engine and reported through Work.wait().
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <vector>
+
+#include "errors.h"
+#include "hora/algo/host_kernels.h"
+#include "runtime.h"
+#include "tensor_arg.h"
+
+namespace py = pybind11;
+
+namespace hora {
+namespace {
+
+// A submitted collective as Python sees it. It owns the views of the
+// caller's arrays, so their memory cannot go away while the engine uses it.
+struct PyWork {
+  std::shared_ptr<Work> work;
+  std::unique_ptr<TensorArg> input;
+  std::unique_ptr<TensorArg> output;
+  bool enqueued = false;
+
+  ~PyWork() {
+    if (enqueued && !work->Poll()) {
+      py::gil_scoped_release release;
+      work->Wait();
+    }
+  }
+};
+
+// Owned result memory exported to Python through the buffer protocol.
+struct ResultBuffer {
+  std::shared_ptr<OwnedBuffer> buffer;
+};
+
+std::string Describe(const Request& r) {
+  return std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'";
+}
+
+void Validate(const Request& r, const TensorView& in, const TensorView* out, int size) {
+  const std::string what = Describe(r);
+  if (r.name.empty()) ThrowValueError(std::string(CollectiveKindName(r.kind)) + ": name must not be empty");
+  if (out != nullptr && (out->dtype != in.dtype || out->shape != in.shape)) {
+    ThrowValueError(what + ": output has " + DataTypeName(out->dtype) + " " + ShapeString(out->shape) +
+                    " but input has " + DataTypeName(in.dtype) + " " + ShapeString(in.shape));
+  }
+  const bool reduces = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
+  if (reduces) {
+    if (r.op == ReduceOp::kAdasum) {
+      ThrowValueError(what + ": op=Adasum is not supported by this version of hora");
+    }
+    if (static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
+      ThrowValueError(what + ": unknown reduce op " + std::to_string(static_cast<int>(r.op)));
+    }
+    if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
+      ThrowValueError(what + ": op=Average is not defined for bool tensors; use Sum (logical or), "
+                             "Min or Product (logical and)");
+    }
+    if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
+      ThrowValueError(what + ": prescale_factor/postscale_factor need a floating-point tensor, got " +
+                      DataTypeName(in.dtype));
+    }
+  }
+  if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
+    ThrowValueError(what + ": root_rank " + std::to_string(r.root) + " is out of range for " +
+                    std::to_string(size) + " ranks");
+  }
+  const bool needs_rows = r.kind == CollectiveKind::kAllgather || r.kind == CollectiveKind::kAlltoall ||
+                          r.kind == CollectiveKind::kReducescatter;
+  if (needs_rows && in.shape.empty()) {
+    ThrowValueError(what + ": needs a tensor with at least one dimension, got a scalar");
+  }
+  if (r.kind == CollectiveKind::kAlltoall) {
+    if (static_cast<int>(r.splits.size()) != size) {
+      ThrowValueError(what + ": splits has " + std::to_string(r.splits.size()) + " entries but there are " +
+                      std::to_string(size) + " ranks");
+    }
+    int64_t total = 0;
+    for (int64_t s : r.splits) {
+      if (s < 0) ThrowValueError(what + ": splits must not be negative, got " + ShapeString(r.splits));
+      total += s;
+    }
+    if (total != in.shape[0]) {
+      ThrowValueError(what + ": splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
+                      " but the first dimension is " + std::to_string(in.shape[0]));
+    }
+  }
+}
+
+py::list Submit(int kind, const std::vector<std::string>& names,
+                                            py::list inputs, py::object outputs, int op, int root,
+                                            double prescale, double postscale, py::object splits,
+                                            int dtype_override, bool grouped) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  const int size = engine->topology().size;
+  if (static_cast<size_t>(py::len(inputs)) != names.size()) {
+    ThrowValueError("internal: names and tensors differ in length");
+  }
+  std::vector<std::unique_ptr<PyWork>> works;
+  std::vector<TensorEntry> entries;
+  const std::string group = grouped && !names.empty() ? "group:" + names[0] : std::string();
+  for (size_t i = 0; i < names.size(); ++i) {
+    Request r;
+    r.name = names[i];
+    r.kind = static_cast<CollectiveKind>(kind);
+    r.op = static_cast<ReduceOp>(op);
+    r.root = root;
+    r.prescale = prescale;
+    r.postscale = postscale;
+    r.group = group;
+    r.group_size = grouped ? static_cast<int32_t>(names.size()) : 0;
+    auto w = std::make_unique<PyWork>();
+    const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
+    w->input.reset(new TensorArg(inputs[i], in_place, dtype_override, "tensor '" + r.name + "'"));
+    const TensorView& in = w->input->view();
+    if (!outputs.is_none() && !in_place) {
+      w->output.reset(new TensorArg(outputs.cast<py::list>()[i], true, dtype_override,
+                                    "output of '" + r.name + "'"));
+    }
+    r.dtype = in.dtype;
+    r.shape = in.shape;
+    if (r.kind == CollectiveKind::kAlltoall) {
+      if (splits.is_none()) {
+        if (in.shape.empty() || in.shape[0] % size != 0) {
+          ThrowValueError(Describe(r) + ": first dimension " +
+                          (in.shape.empty() ? std::string("(scalar)") : std::to_string(in.shape[0])) +
+                          " is not divisible by " + std::to_string(size) +
+                          " ranks; pass splits to say how many rows go to each rank");
+        }
+        r.splits.assign(size, in.shape[0] / size);
+      } else {
+        r.splits = splits.cast<std::vector<int64_t>>();
+      }
+    }
+    Validate(r, in, w->output ? &w->output->view() : nullptr, size);
+    TensorEntry entry;
+    entry.request = r;
+    entry.input = in;
+    entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
+    entry.work = std::make_shared<Work>();
+    w->work = entry.work;
+    entries.push_back(std::move(entry));
+    works.push_back(std::move(w));
+  }
+  Status status = engine->Enqueue(std::move(entries));
+  if (!status.ok()) ThrowStatus(status);
+  py::list result;
+  for (auto& w : works) {
+    w->enqueued = true;
+    result.append(py::cast(std::move(w)));
+  }
+  return result;
+}
+
+}  // namespace
+
+void RegisterOps(py::module_& m) {
+  py::class_<ResultBuffer>(m, "ResultBuffer", py::buffer_protocol())
+      .def_buffer([](ResultBuffer& b) {
+        return py::buffer_info(b.buffer->data(), 1, "B", 1, {b.buffer->size()}, {1});
+      });
+
+  py::class_<PyWork>(m, "Work")
+      .def("wait",
+           [](PyWork& w) {
+             Status status;
+             {
+               py::gil_scoped_release release;
+               status = w.work->Wait();
+             }
+             if (!status.ok()) ThrowStatus(status);
+           })
+      .def("poll", [](PyWork& w) { return w.work->Poll(); })
+      .def("result_buffer",
+           [](PyWork& w) -> py::object {
+             if (!w.work->output) return py::none();
+             return py::cast(ResultBuffer{w.work->output});
+           })
+      .def_property_readonly("output_shape", [](PyWork& w) { return w.work->output_shape; })
+      .def_property_readonly("received_splits", [](PyWork& w) { return w.work->received_splits; })
+      .def("release",
+           [](PyWork& w) {
+             // Drops the views of the caller's arrays once the result is in.
+             w.input.reset();
+             w.output.reset();
+           });
+
+  m.def("submit", &Submit, py::arg("kind"), py::arg("names"), py::arg("inputs"),
+        py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
+        py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
+        py::arg("dtype") = -1, py::arg("grouped") = false);
+
+  m.def("join", [] {
+    std::shared_ptr<Engine> engine = CurrentEngine();
+    std::shared_ptr<Work> work;
+    Status status = engine->Join(&work);
+    if (!status.ok()) ThrowStatus(status);
+    {
+      py::gil_scoped_release release;
+      status = work->Wait();
+    }
+    if (!status.ok()) ThrowStatus(status);
+    return work->join_last_rank;
+  });
+}
+
+}  // namespace hora

@@ -1,0 +1,120 @@
+#include "runtime.h"
+
+#include <mutex>
+#include <type_traits>
+
+#include "errors.h"
+#include "hora/comm/mpi/mpi_communicator.h"
+#include "hora/common/build_config.h"
+#include "hora/common/logging.h"
+#include "hora/core/config.h"
+
+namespace py = pybind11;
+
+namespace hora {
+namespace {
+
+std::mutex g_mutex;
+std::shared_ptr<Engine> g_engine;
+bool g_was_shut_down = false;
+
+// MPI_Comm is a pointer in Open MPI and an int in MPICH; mpi4py's handle is
+// the same value either way. A template so only the matching branch compiles.
+template <typename Comm>
+Comm CommFromHandle(intptr_t handle) {
+  if constexpr (std::is_pointer<Comm>::value) {
+    return reinterpret_cast<Comm>(handle);
+  } else {
+    return static_cast<Comm>(handle);
+  }
+}
+
+void Init(py::object comm_handle, py::object ranks) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_engine) return;
+  Config config;
+  Status status = Config::FromEnvironment(&config);
+  if (!status.ok()) ThrowStatus(status);
+  SetLogLevel(config.log_level);
+  MpiInitOptions options;
+  if (!comm_handle.is_none()) options.comm = CommFromHandle<MPI_Comm>(comm_handle.cast<intptr_t>());
+  if (!ranks.is_none()) options.ranks = ranks.cast<std::vector<int>>();
+  std::unique_ptr<MpiCommunicator> comm;
+  std::unique_ptr<Engine> engine;
+  {
+    py::gil_scoped_release release;
+    status = MpiCommunicator::Create(options, &comm);
+    if (status.ok()) {
+      SetLogRank(comm->rank());
+      status = Engine::Start(std::move(comm), config, &engine);
+    }
+  }
+  if (!status.ok()) ThrowStatus(status.WithContext("hora.init"));
+  g_engine = std::move(engine);
+  g_was_shut_down = false;
+}
+
+void Shutdown() {
+  std::shared_ptr<Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    engine.swap(g_engine);
+    if (engine) g_was_shut_down = true;
+  }
+  if (engine) {
+    py::gil_scoped_release release;
+    engine->Shutdown();
+    engine.reset();
+  }
+}
+
+const Topology& Topo() { return CurrentEngine()->topology(); }
+
+py::dict BuildInfo() {
+  py::dict info;
+  info["version"] = HORA_VERSION;
+  info["mpi_built"] = true;
+  info["mpi_source"] = HORA_MPI_SOURCE;
+  info["mpi_prefix"] = HORA_MPI_PREFIX;
+  info["mpi_library"] = MpiCommunicator::LibraryVersion();
+  info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);
+  info["nccl_built"] = static_cast<bool>(HORA_HAVE_NCCL);
+  info["compiler"] = HORA_COMPILER;
+  return info;
+}
+
+}  // namespace
+
+std::shared_ptr<Engine> CurrentEngine() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine) {
+    ThrowValueError(g_was_shut_down
+                        ? "hora has been shut down; call hora.init() again before using it"
+                        : "hora has not been initialized; call hora.init() first");
+  }
+  return g_engine;
+}
+
+void RegisterRuntime(py::module_& m) {
+  m.def("init", &Init, py::arg("comm_handle") = py::none(), py::arg("ranks") = py::none());
+  m.def("shutdown", &Shutdown);
+  m.def("is_initialized", [] {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    return static_cast<bool>(g_engine);
+  });
+  m.def("rank", [] { return Topo().rank; });
+  m.def("size", [] { return Topo().size; });
+  m.def("local_rank", [] { return Topo().local_rank; });
+  m.def("local_size", [] { return Topo().local_size; });
+  m.def("cross_rank", [] { return Topo().cross_rank; });
+  m.def("cross_size", [] { return Topo().cross_size; });
+  m.def("is_homogeneous", [] { return Topo().homogeneous; });
+  m.def("transport", [] { return CurrentEngine()->TransportDescription(); });
+  m.def("finalize_mpi", [] {
+    Shutdown();
+    MpiCommunicator::FinalizeIfOwned();
+  });
+  m.def("build_info", &BuildInfo);
+}
+
+}  // namespace hora

@@ -1,0 +1,156 @@
+#include "tensor_arg.h"
+
+#include <cstring>
+
+#include "errors.h"
+#include "hora/common/dtype.h"
+
+namespace py = pybind11;
+
+namespace hora {
+namespace {
+
+bool DtypeFromFormat(const char* format, Py_ssize_t itemsize, DataType* out) {
+  while (*format == '<' || *format == '=' || *format == '@' || *format == '|') ++format;
+  if (format[0] == '\0' || format[1] != '\0') return false;
+  switch (format[0]) {
+    case '?': *out = DataType::kBool; return true;
+    case 'b': *out = DataType::kInt8; return true;
+    case 'B': *out = DataType::kUInt8; return true;
+    case 'e': *out = DataType::kFloat16; return true;
+    case 'f': *out = DataType::kFloat32; return true;
+    case 'd': *out = DataType::kFloat64; return true;
+    case 'h': case 'i': case 'l': case 'q':
+      switch (itemsize) {
+        case 2: *out = DataType::kInt16; return true;
+        case 4: *out = DataType::kInt32; return true;
+        case 8: *out = DataType::kInt64; return true;
+      }
+      return false;
+    default: return false;
+  }
+}
+
+bool DtypeFromDlpack(const dlpack::DataType& t, DataType* out) {
+  if (t.lanes != 1) return false;
+  switch (t.code) {
+    case dlpack::kInt:
+      switch (t.bits) {
+        case 8: *out = DataType::kInt8; return true;
+        case 16: *out = DataType::kInt16; return true;
+        case 32: *out = DataType::kInt32; return true;
+        case 64: *out = DataType::kInt64; return true;
+      }
+      return false;
+    case dlpack::kUInt:
+      if (t.bits == 8) { *out = DataType::kUInt8; return true; }
+      return false;
+    case dlpack::kFloat:
+      switch (t.bits) {
+        case 16: *out = DataType::kFloat16; return true;
+        case 32: *out = DataType::kFloat32; return true;
+        case 64: *out = DataType::kFloat64; return true;
+      }
+      return false;
+    case dlpack::kBfloat:
+      if (t.bits == 16) { *out = DataType::kBFloat16; return true; }
+      return false;
+    case dlpack::kBool:
+      if (t.bits == 8) { *out = DataType::kBool; return true; }
+      return false;
+  }
+  return false;
+}
+
+const char* kSupported =
+    "supported types are uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
+    "float64 and bool";
+
+}  // namespace
+
+TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
+                     const std::string& what) {
+  try {
+    if (!FromBuffer(object, writable, what)) FromDlpack(object, what);
+    if (dtype_override >= 0) {
+      const DataType requested = static_cast<DataType>(dtype_override);
+      if (DataTypeSize(requested) != DataTypeSize(view_.dtype)) {
+        ThrowTypeError(what + ": cannot reinterpret " + DataTypeName(view_.dtype) + " as " +
+                       DataTypeName(requested));
+      }
+      view_.dtype = requested;
+    }
+  } catch (...) {
+    Release();  // the destructor does not run when the constructor throws
+    throw;
+  }
+}
+
+TensorArg::~TensorArg() { Release(); }
+
+void TensorArg::Release() {
+  if (buffer_) PyBuffer_Release(buffer_.get());
+  buffer_.reset();
+  if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
+  managed_ = nullptr;
+}
+
+bool TensorArg::FromBuffer(py::handle object, bool writable, const std::string& what) {
+  if (!PyObject_CheckBuffer(object.ptr())) return false;
+  buffer_.reset(new Py_buffer());
+  if (PyObject_GetBuffer(object.ptr(), buffer_.get(), PyBUF_RECORDS_RO) != 0) {
+    buffer_.reset();
+    PyErr_Clear();
+    return false;
+  }
+  const Py_buffer& b = *buffer_;
+  if (writable && b.readonly) {
+    ThrowValueError(what + " is read-only, but this collective writes its result into it");
+  }
+  if (!DtypeFromFormat(b.format == nullptr ? "B" : b.format, b.itemsize, &view_.dtype)) {
+    ThrowTypeError(what + " has unsupported element format '" +
+                   std::string(b.format == nullptr ? "B" : b.format) + "'; " + kSupported);
+  }
+  if (!PyBuffer_IsContiguous(&b, 'C')) {
+    ThrowValueError(what + " is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)");
+  }
+  view_.data = b.buf;
+  view_.shape.assign(b.shape, b.shape + b.ndim);
+  return true;
+}
+
+void TensorArg::FromDlpack(py::handle object, const std::string& what) {
+  if (!py::hasattr(object, "__dlpack__")) {
+    ThrowTypeError(what + ": expected an array (buffer protocol or __dlpack__), got " +
+                   std::string(py::str(py::type::of(object).attr("__name__"))));
+  }
+  py::object capsule = object.attr("__dlpack__")();
+  void* pointer = PyCapsule_GetPointer(capsule.ptr(), "dltensor");
+  if (pointer == nullptr) throw py::error_already_set();
+  managed_ = static_cast<dlpack::ManagedTensor*>(pointer);
+  // Renaming marks the capsule consumed: we now own the deleter call.
+  PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+  const dlpack::Tensor& t = managed_->dl_tensor;
+  if (t.device.device_type != dlpack::kCPU && t.device.device_type != dlpack::kCUDAHost) {
+    ThrowValueError(what + " lives on a GPU (DLPack device " + std::to_string(t.device.device_type) +
+                    "); this build of hora handles host memory only");
+  }
+  if (!DtypeFromDlpack(t.dtype, &view_.dtype)) {
+    ThrowTypeError(what + " has an unsupported element type (DLPack code " +
+                   std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) + " bits); " +
+                   kSupported);
+  }
+  view_.shape.assign(t.shape, t.shape + t.ndim);
+  if (t.strides != nullptr) {
+    int64_t expected = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (t.shape[d] != 1 && t.strides[d] != expected) {
+        ThrowValueError(what + " is not contiguous; call .contiguous() first");
+      }
+      expected *= t.shape[d];
+    }
+  }
+  view_.data = static_cast<char*>(t.data) + t.byte_offset;
+}
+
+}  // namespace hora

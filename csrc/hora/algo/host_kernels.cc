@@ -1,0 +1,126 @@
+#include "hora/algo/host_kernels.h"
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "hora/common/half.h"
+
+namespace hora {
+namespace {
+
+template <typename T>
+void ScaleTyped(const void* src, void* dst, int64_t count, double factor) {
+  const T* s = static_cast<const T*>(src);
+  T* d = static_cast<T*>(dst);
+  const T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < count; ++i) d[i] = s[i] * f;
+}
+
+template <typename T>
+void DivideTyped(void* buf, int64_t count, int64_t divisor) {
+  T* b = static_cast<T*>(buf);
+  const T d = static_cast<T>(divisor);
+  for (int64_t i = 0; i < count; ++i) b[i] = static_cast<T>(b[i] / d);
+}
+
+template <typename T>
+void FillTyped(void* buf, int64_t count, ReduceOp op) {
+  T value;
+  switch (op) {
+    case ReduceOp::kProduct: value = T(1); break;
+    case ReduceOp::kMin:
+      value = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity()
+                                                   : std::numeric_limits<T>::max();
+      break;
+    case ReduceOp::kMax:
+      value = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                   : std::numeric_limits<T>::lowest();
+      break;
+    default: value = T(0); break;
+  }
+  T* b = static_cast<T*>(buf);
+  for (int64_t i = 0; i < count; ++i) b[i] = value;
+}
+
+}  // namespace
+
+void ScaleCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor) {
+  switch (dtype) {
+    case DataType::kFloat32: ScaleTyped<float>(src, dst, count, factor); return;
+    case DataType::kFloat64: ScaleTyped<double>(src, dst, count, factor); return;
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      const float f = static_cast<float>(factor);
+      if (dtype == DataType::kFloat16) {
+        for (int64_t i = 0; i < count; ++i) d[i] = FloatToHalf(HalfToFloat(s[i]) * f);
+      } else {
+        for (int64_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(BFloat16ToFloat(s[i]) * f);
+      }
+      return;
+    }
+    default:
+      if (src != dst) std::memcpy(dst, src, count * DataTypeSize(dtype));
+      return;
+  }
+}
+
+void DivideInPlace(void* buf, int64_t count, DataType dtype, int64_t divisor) {
+  switch (dtype) {
+    case DataType::kUInt8: DivideTyped<uint8_t>(buf, count, divisor); return;
+    case DataType::kInt8: DivideTyped<int8_t>(buf, count, divisor); return;
+    case DataType::kInt16: DivideTyped<int16_t>(buf, count, divisor); return;
+    case DataType::kInt32: DivideTyped<int32_t>(buf, count, divisor); return;
+    case DataType::kInt64: DivideTyped<int64_t>(buf, count, divisor); return;
+    default: ScaleCopy(buf, buf, count, dtype, 1.0 / static_cast<double>(divisor)); return;
+  }
+}
+
+void FillNeutral(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: FillTyped<uint8_t>(buf, count, op); return;
+    case DataType::kInt8: FillTyped<int8_t>(buf, count, op); return;
+    case DataType::kInt16: FillTyped<int16_t>(buf, count, op); return;
+    case DataType::kInt32: FillTyped<int32_t>(buf, count, op); return;
+    case DataType::kInt64: FillTyped<int64_t>(buf, count, op); return;
+    case DataType::kFloat32: FillTyped<float>(buf, count, op); return;
+    case DataType::kFloat64: FillTyped<double>(buf, count, op); return;
+    case DataType::kBool: {
+      // or-like ops (Sum, Max) are neutral on false; and-like ops on true
+      const bool and_like = op == ReduceOp::kMin || op == ReduceOp::kProduct;
+      std::memset(buf, and_like ? 1 : 0, count);
+      return;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      std::vector<float> staging(static_cast<size_t>(count));
+      FillTyped<float>(staging.data(), count, op);
+      NarrowFromFloat(staging.data(), buf, count, dtype, 1.0);
+      return;
+    }
+  }
+}
+
+void WidenToFloat(const void* src, float* dst, int64_t count, DataType dtype, double factor) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  const float f = static_cast<float>(factor);
+  if (dtype == DataType::kFloat16) {
+    for (int64_t i = 0; i < count; ++i) dst[i] = HalfToFloat(s[i]) * f;
+  } else {
+    for (int64_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(s[i]) * f;
+  }
+}
+
+void NarrowFromFloat(const float* src, void* dst, int64_t count, DataType dtype, double factor) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const float f = static_cast<float>(factor);
+  if (dtype == DataType::kFloat16) {
+    for (int64_t i = 0; i < count; ++i) d[i] = FloatToHalf(src[i] * f);
+  } else {
+    for (int64_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(src[i] * f);
+  }
+}
+
+}  // namespace hora

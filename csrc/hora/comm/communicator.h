@@ -1,0 +1,61 @@
+#pragma once
+// The transport contract. The engine and the algorithms talk only to this
+// interface; each backend (mpi/ now, nccl/ and shm/ later) lives in its own
+// folder and is the only code that knows its transport.
+//
+// All calls are collective over the communicator's ranks and are made from
+// the engine thread only. Reductions here cover the natively supported
+// element types; float16/bfloat16 are widened to float32 by the caller.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hora/common/dtype.h"
+#include "hora/common/status.h"
+#include "hora/core/message.h"
+
+namespace hora {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  bool homogeneous = true;
+  std::string hostname;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const Topology& topology() const = 0;
+  int rank() const { return topology().rank; }
+  int size() const { return topology().size; }
+
+  // Control plane: small messages for negotiation.
+  virtual Status AllreduceBitAnd(uint64_t* words, int count) = 0;
+  // Root receives every rank's bytes in `all` (index = rank).
+  virtual Status GatherBytes(const std::string& mine, int root, std::vector<std::string>* all) = 0;
+  virtual Status BroadcastBytes(std::string* data, int root) = 0;
+
+  // Data plane on host memory. `send == nullptr` means in place on `recv`.
+  virtual Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) = 0;
+  virtual Status Allgatherv(const void* send, int64_t send_bytes, void* recv,
+                            const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status Broadcast(void* buffer, int64_t bytes, int root) = 0;
+  virtual Status Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                           const std::vector<int64_t>& recv_bytes) = 0;
+  virtual Status ReduceScatter(const void* send, void* recv,
+                               const std::vector<int64_t>& recv_counts, DataType dtype,
+                               ReduceOp op) = 0;
+  virtual Status Barrier() = 0;
+
+  // What the transport is, for build_info and logs ("MPI (Open MPI v5.0.11)").
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace hora

@@ -1,0 +1,289 @@
+#include "hora/comm/mpi/mpi_communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+
+namespace hora {
+namespace {
+
+bool g_hora_initialized_mpi = false;
+
+Status MpiStatus(int code, const char* call) {
+  if (code == MPI_SUCCESS) return Status::OK();
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return Status::Internal(std::string(call) + " failed: " + std::string(text, length));
+}
+
+#define HORA_MPI_CALL(call) HORA_RETURN_IF_ERROR(MpiStatus((call), #call))
+
+MPI_Datatype ToMpi(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUInt8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt16: return MPI_INT16_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    // Booleans are 0/1 bytes: logical or is max, logical and is min.
+    case DataType::kBool: return MPI_UINT8_T;
+    case DataType::kFloat16:
+    case DataType::kBFloat16: return MPI_DATATYPE_NULL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op ToMpi(ReduceOp op, DataType dtype) {
+  if (dtype == DataType::kBool) {
+    return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? MPI_MAX : MPI_MIN;
+  }
+  switch (op) {
+    case ReduceOp::kAverage:
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    case ReduceOp::kAdasum: return MPI_OP_NULL;
+  }
+  return MPI_OP_NULL;
+}
+
+Status CheckTypeAndOp(DataType dtype, ReduceOp op, MPI_Datatype* type, MPI_Op* mpi_op) {
+  *type = ToMpi(dtype);
+  *mpi_op = ToMpi(op, dtype);
+  if (*type == MPI_DATATYPE_NULL || *mpi_op == MPI_OP_NULL) {
+    return Status::Internal(std::string("MPI reduction not available for ") + DataTypeName(dtype) +
+                            " with op " + ReduceOpName(op));
+  }
+  return Status::OK();
+}
+
+Status ToIntCounts(const std::vector<int64_t>& in, std::vector<int>* counts,
+                   std::vector<int>* displs) {
+  counts->resize(in.size());
+  displs->resize(in.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] > INT_MAX || offset > INT_MAX) {
+      return Status::InvalidArgument(
+          "collective exceeds the 2 GiB per-call limit of the MPI transport");
+    }
+    (*counts)[i] = static_cast<int>(in[i]);
+    (*displs)[i] = static_cast<int>(offset);
+    offset += in[i];
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status MpiCommunicator::Create(const MpiInitOptions& options,
+                               std::unique_ptr<MpiCommunicator>* out) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    return Status::Internal("MPI has already been finalized in this process; hora cannot start");
+  }
+  if (!initialized) {
+    int provided = 0;
+    HORA_MPI_CALL(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    g_hora_initialized_mpi = true;
+  }
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    return Status::Internal(
+        "MPI was initialized without thread support (MPI_THREAD_SERIALIZED or better is "
+        "needed because hora runs collectives on a background thread)");
+  }
+
+  std::unique_ptr<MpiCommunicator> result(new MpiCommunicator());
+  MPI_Comm base = options.comm == MPI_COMM_NULL ? MPI_COMM_WORLD : options.comm;
+  if (!options.ranks.empty()) {
+    int world_rank = 0, world_size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    for (int r : options.ranks) {
+      if (r < 0 || r >= world_size) {
+        std::ostringstream m;
+        m << "init(comm=...): rank " << r << " is outside MPI_COMM_WORLD of size " << world_size;
+        return Status::InvalidArgument(m.str());
+      }
+    }
+    if (std::find(options.ranks.begin(), options.ranks.end(), world_rank) ==
+        options.ranks.end()) {
+      std::ostringstream m;
+      m << "init(comm=...): this process (world rank " << world_rank
+        << ") is not in the ranks given to init";
+      return Status::InvalidArgument(m.str());
+    }
+    MPI_Group world_group, sub_group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    HORA_MPI_CALL(MPI_Group_incl(world_group, static_cast<int>(options.ranks.size()),
+                                 options.ranks.data(), &sub_group));
+    HORA_MPI_CALL(MPI_Comm_create_group(MPI_COMM_WORLD, sub_group, 0, &result->comm_));
+    MPI_Group_free(&sub_group);
+    MPI_Group_free(&world_group);
+  } else {
+    HORA_MPI_CALL(MPI_Comm_dup(base, &result->comm_));
+  }
+  MPI_Comm_set_errhandler(result->comm_, MPI_ERRORS_RETURN);
+
+  Topology& t = result->topology_;
+  MPI_Comm_rank(result->comm_, &t.rank);
+  MPI_Comm_size(result->comm_, &t.size);
+  MPI_Comm local;
+  HORA_MPI_CALL(MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL,
+                                    &local));
+  MPI_Comm_rank(local, &t.local_rank);
+  MPI_Comm_size(local, &t.local_size);
+  MPI_Comm cross;
+  HORA_MPI_CALL(MPI_Comm_split(result->comm_, t.local_rank, t.rank, &cross));
+  MPI_Comm_rank(cross, &t.cross_rank);
+  MPI_Comm_size(cross, &t.cross_size);
+  int min_local = t.local_size, max_local = t.local_size;
+  MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, result->comm_);
+  MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, result->comm_);
+  t.homogeneous = min_local == max_local;
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  t.hostname = host;
+  *out = std::move(result);
+  return Status::OK();
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::FinalizeIfOwned() {
+  int finalized = 0, initialized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (g_hora_initialized_mpi && initialized && !finalized) MPI_Finalize();
+}
+
+std::string MpiCommunicator::LibraryVersion() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::string text(version, length);
+  const size_t end = text.find_first_of(",\n");
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+std::string MpiCommunicator::Describe() const { return "MPI (" + LibraryVersion() + ")"; }
+
+Status MpiCommunicator::AllreduceBitAnd(uint64_t* words, int count) {
+  HORA_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_));
+  return Status::OK();
+}
+
+Status MpiCommunicator::GatherBytes(const std::string& mine, int root,
+                                    std::vector<std::string>* all) {
+  const int size = topology_.size;
+  int my_length = static_cast<int>(mine.size());
+  std::vector<int> lengths(topology_.rank == root ? size : 0);
+  HORA_MPI_CALL(MPI_Gather(&my_length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm_));
+  std::vector<int> displs(lengths.size());
+  std::string joined;
+  if (topology_.rank == root) {
+    int64_t total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[r] = static_cast<int>(total);
+      total += lengths[r];
+    }
+    joined.resize(total);
+  }
+  HORA_MPI_CALL(MPI_Gatherv(mine.data(), my_length, MPI_CHAR, &joined[0], lengths.data(),
+                            displs.data(), MPI_CHAR, root, comm_));
+  if (topology_.rank == root) {
+    all->resize(size);
+    for (int r = 0; r < size; ++r) (*all)[r] = joined.substr(displs[r], lengths[r]);
+  }
+  return Status::OK();
+}
+
+Status MpiCommunicator::BroadcastBytes(std::string* data, int root) {
+  int64_t length = static_cast<int64_t>(data->size());
+  HORA_MPI_CALL(MPI_Bcast(&length, 1, MPI_INT64_T, root, comm_));
+  data->resize(length);
+  return Broadcast(&(*data)[0], length, root);
+}
+
+Status MpiCommunicator::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                                  ReduceOp op) {
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  HORA_RETURN_IF_ERROR(CheckTypeAndOp(dtype, op, &type, &mpi_op));
+  const int64_t element = DataTypeSize(dtype);
+  // MPI counts are int: reduce very large buffers in pieces.
+  for (int64_t offset = 0; offset < count; offset += INT_MAX) {
+    const int piece = static_cast<int>(std::min<int64_t>(INT_MAX, count - offset));
+    char* r = static_cast<char*>(recv) + offset * element;
+    const void* s = send == nullptr ? MPI_IN_PLACE : static_cast<const char*>(send) + offset * element;
+    HORA_MPI_CALL(MPI_Allreduce(s, r, piece, type, mpi_op, comm_));
+  }
+  return Status::OK();
+}
+
+Status MpiCommunicator::Allgatherv(const void* send, int64_t send_bytes, void* recv,
+                                   const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> counts, displs;
+  HORA_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &counts, &displs));
+  if (send_bytes > INT_MAX) return Status::InvalidArgument("allgather input exceeds 2 GiB");
+  HORA_MPI_CALL(MPI_Allgatherv(send, static_cast<int>(send_bytes), MPI_BYTE, recv, counts.data(),
+                               displs.data(), MPI_BYTE, comm_));
+  return Status::OK();
+}
+
+Status MpiCommunicator::Broadcast(void* buffer, int64_t bytes, int root) {
+  int64_t offset = 0;
+  do {  // runs once for an empty buffer so every rank makes the same calls
+    const int piece = static_cast<int>(std::min<int64_t>(INT_MAX, bytes - offset));
+    HORA_MPI_CALL(MPI_Bcast(static_cast<char*>(buffer) + offset, piece, MPI_BYTE, root, comm_));
+    offset += piece;
+  } while (offset < bytes);
+  return Status::OK();
+}
+
+Status MpiCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                                  void* recv, const std::vector<int64_t>& recv_bytes) {
+  std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+  HORA_RETURN_IF_ERROR(ToIntCounts(send_bytes, &send_counts, &send_displs));
+  HORA_RETURN_IF_ERROR(ToIntCounts(recv_bytes, &recv_counts, &recv_displs));
+  HORA_MPI_CALL(MPI_Alltoallv(send, send_counts.data(), send_displs.data(), MPI_BYTE, recv,
+                              recv_counts.data(), recv_displs.data(), MPI_BYTE, comm_));
+  return Status::OK();
+}
+
+Status MpiCommunicator::ReduceScatter(const void* send, void* recv,
+                                      const std::vector<int64_t>& recv_counts, DataType dtype,
+                                      ReduceOp op) {
+  MPI_Datatype type;
+  MPI_Op mpi_op;
+  HORA_RETURN_IF_ERROR(CheckTypeAndOp(dtype, op, &type, &mpi_op));
+  std::vector<int> counts, displs;
+  HORA_RETURN_IF_ERROR(ToIntCounts(recv_counts, &counts, &displs));
+  HORA_MPI_CALL(MPI_Reduce_scatter(send, recv, counts.data(), type, mpi_op, comm_));
+  return Status::OK();
+}
+
+Status MpiCommunicator::Barrier() {
+  HORA_MPI_CALL(MPI_Barrier(comm_));
+  return Status::OK();
+}
+
+}  // namespace hora

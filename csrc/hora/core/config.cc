@@ -1,0 +1,84 @@
+#include "hora/core/config.h"
+
+#include <cstdlib>
+#include <sstream>
+
+namespace hora {
+namespace {
+
+struct Source {
+  const char* name;   // which variable supplied the value
+  const char* value;  // nullptr when neither is set
+};
+
+Source Find(const std::function<const char*(const char*)>& lookup, const char* primary,
+            const char* alias) {
+  const char* value = lookup(primary);
+  if (value != nullptr && *value != '\0') return {primary, value};
+  if (alias != nullptr) {
+    value = lookup(alias);
+    if (value != nullptr && *value != '\0') return {alias, value};
+  }
+  return {primary, nullptr};
+}
+
+Status Invalid(const Source& source, const char* expected) {
+  std::ostringstream message;
+  message << "environment variable " << source.name << "='" << source.value
+          << "' is not " << expected;
+  return Status::InvalidArgument(message.str());
+}
+
+Status ReadInt(const Source& source, int64_t minimum, int64_t* out) {
+  if (source.value == nullptr) return Status::OK();
+  char* end = nullptr;
+  const long long parsed = std::strtoll(source.value, &end, 10);
+  if (end == source.value || *end != '\0' || parsed < minimum) {
+    return Invalid(source, minimum == 0 ? "a non-negative integer" : "a positive integer");
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+Status ReadDouble(const Source& source, double* out) {
+  if (source.value == nullptr) return Status::OK();
+  char* end = nullptr;
+  const double parsed = std::strtod(source.value, &end);
+  if (end == source.value || *end != '\0' || parsed < 0) {
+    return Invalid(source, "a non-negative number");
+  }
+  *out = parsed;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Config::Load(const std::function<const char*(const char*)>& lookup, Config* config) {
+  Config result;
+  HORA_RETURN_IF_ERROR(ReadInt(
+      Find(lookup, "HORA_FUSION_THRESHOLD_BYTES", "HOROVOD_FUSION_THRESHOLD"), 0,
+      &result.fusion_threshold_bytes));
+  HORA_RETURN_IF_ERROR(
+      ReadDouble(Find(lookup, "HORA_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"), &result.cycle_time_ms));
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), 0,
+                               &result.cache_capacity));
+  const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
+  if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
+    return Invalid(level, "one of trace, debug, info, warning, error, off");
+  }
+  *config = result;
+  return Status::OK();
+}
+
+Status Config::FromEnvironment(Config* config) {
+  return Load([](const char* name) { return std::getenv(name); }, config);
+}
+
+std::string Config::Describe() const {
+  std::ostringstream text;
+  text << "fusion_threshold_bytes=" << fusion_threshold_bytes
+       << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity;
+  return text.str();
+}
+
+}  // namespace hora

@@ -1,0 +1,165 @@
+#include "hora/core/controller.h"
+
+#include <algorithm>
+
+#include "hora/common/logging.h"
+
+namespace hora {
+namespace {
+
+constexpr uint64_t kFlagUncached = 1;
+
+int64_t Words(int64_t bits) { return (bits + 63) / 64; }
+void SetBit(uint64_t* words, int64_t bit) { words[bit / 64] |= uint64_t(1) << (bit % 64); }
+bool GetBit(const uint64_t* words, int64_t bit) { return (words[bit / 64] >> (bit % 64)) & 1; }
+
+}  // namespace
+
+Controller::Controller(Communicator* comm, const Config& config)
+    : comm_(comm), cache_(config.cache_capacity), previous_joined_(comm->size(), false) {
+  if (comm_->rank() == 0) coordinator_.reset(new Coordinator(comm_->size()));
+}
+
+void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid) {
+  for (Request& request : *new_requests) {
+    request.rank = comm_->rank();
+    const int64_t slot = ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
+    if (slot >= 0 && cache_.Matches(slot, request) && pending_cached_.count(slot) == 0) {
+      pending_cached_.emplace(slot, std::move(request));
+      continue;
+    }
+    // Same name, different parameters: every rank must forget the entry,
+    // and this request goes to the coordinator, which will report the
+    // mismatch (or accept the new parameters if all ranks changed them).
+    if (slot >= 0) invalid->push_back(slot);
+    uncached_.push_back(std::move(request));
+  }
+}
+
+Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
+                            CycleResult* result) {
+  const int size = comm_->size();
+  const int rank = comm_->rank();
+  std::vector<int64_t> invalid;
+  ClassifyNew(&new_requests, &invalid);
+
+  // Layout: [~flags][ready: AND][~requested][~invalid][~joined][~shutdown]
+  const int64_t w = Words(cache_.capacity());
+  const int64_t rw = Words(size);
+  const int64_t ready_at = 1, requested_at = 1 + w, invalid_at = 1 + 2 * w,
+                joined_at = 1 + 3 * w, shutdown_at = 1 + 3 * w + rw;
+  std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
+  uint64_t flags = uncached_.empty() ? 0 : kFlagUncached;
+  words[0] = flags;
+  // A joined rank is ready for anything: the AND then depends only on the
+  // ranks still submitting, and it contributes neutral values.
+  for (int64_t i = 0; i < w; ++i) words[ready_at + i] = joined ? ~uint64_t(0) : 0;
+  for (const auto& item : pending_cached_) {
+    SetBit(&words[ready_at], item.first);
+    SetBit(&words[requested_at], item.first);
+  }
+  for (int64_t slot : invalid) SetBit(&words[invalid_at], slot);
+  if (joined) SetBit(&words[joined_at], rank);
+  if (shutdown) SetBit(&words[shutdown_at], rank);
+  // Or-regions travel inverted through the AND.
+  words[0] = ~words[0];
+  for (size_t i = requested_at; i < words.size(); ++i) words[i] = ~words[i];
+
+  HORA_RETURN_IF_ERROR(comm_->AllreduceBitAnd(words.data(), static_cast<int>(words.size())));
+
+  words[0] = ~words[0];
+  for (size_t i = requested_at; i < words.size(); ++i) words[i] = ~words[i];
+  flags = words[0];
+
+  std::vector<bool> joined_ranks(size, false);
+  bool joined_changed = false;
+  int newly_joined_max = -1;
+  for (int r = 0; r < size; ++r) {
+    joined_ranks[r] = GetBit(&words[joined_at], r);
+    if (joined_ranks[r] != previous_joined_[r]) joined_changed = true;
+    if (joined_ranks[r] && !previous_joined_[r]) newly_joined_max = r;
+    if (joined_ranks[r]) ++result->joined_count;
+    if (GetBit(&words[shutdown_at], r)) result->shutdown_ranks.push_back(r);
+  }
+
+  // Stale entries are erased everywhere before anything is read from the
+  // cache, and requests parked on them move to the coordinator path.
+  bool any_invalid = false;
+  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+    if (!GetBit(&words[invalid_at], slot)) continue;
+    any_invalid = true;
+    cache_.Erase(slot);
+    auto it = pending_cached_.find(slot);
+    if (it != pending_cached_.end()) {
+      uncached_.push_back(std::move(it->second));
+      pending_cached_.erase(it);
+    }
+  }
+  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+    if (!GetBit(&words[ready_at], slot) || !GetBit(&words[requested_at], slot) ||
+        GetBit(&words[invalid_at], slot)) {
+      continue;
+    }
+    result->responses.push_back(cache_.response(slot));
+    cache_.Touch(slot);
+    pending_cached_.erase(slot);
+  }
+
+  if ((flags & kFlagUncached) || any_invalid || joined_changed) {
+    HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses));
+  }
+
+  previous_joined_ = joined_ranks;
+  if (result->joined_count == size) {
+    result->all_joined = true;
+    result->last_joined_rank = newly_joined_max;
+    previous_joined_.assign(size, false);
+  }
+  return Status::OK();
+}
+
+Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Response>* out) {
+  std::string mine;
+  SerializeRequests(uncached_, &mine);
+  for (Request& r : uncached_) {
+    std::string name = r.name;
+    awaiting_decision_.emplace(std::move(name), std::move(r));
+  }
+  uncached_.clear();
+
+  std::vector<std::string> gathered;
+  HORA_RETURN_IF_ERROR(comm_->GatherBytes(mine, 0, &gathered).WithContext("negotiation gather"));
+  std::string decided;
+  if (coordinator_) {
+    for (const std::string& bytes : gathered) {
+      std::vector<Request> requests;
+      HORA_RETURN_IF_ERROR(ParseRequests(bytes, &requests));
+      for (const Request& r : requests) coordinator_->Add(r);
+    }
+    SerializeResponses(coordinator_->TakeReady(joined), &decided);
+  }
+  HORA_RETURN_IF_ERROR(comm_->BroadcastBytes(&decided, 0).WithContext("negotiation broadcast"));
+  std::vector<Response> responses;
+  HORA_RETURN_IF_ERROR(ParseResponses(decided, &responses));
+  for (Response& response : responses) {
+    RecordInCache(response);
+    out->push_back(std::move(response));
+  }
+  return Status::OK();
+}
+
+void Controller::RecordInCache(const Response& response) {
+  auto mine = awaiting_decision_.find(response.name);
+  const Request* request = mine == awaiting_decision_.end() ? nullptr : &mine->second;
+  if (response.cacheable && cache_.capacity() > 0 && cache_.Find(response.name) < 0) {
+    const int64_t evicted = cache_.Put(response, request);
+    auto parked = pending_cached_.find(evicted);
+    if (evicted >= 0 && parked != pending_cached_.end()) {
+      uncached_.push_back(std::move(parked->second));
+      pending_cached_.erase(parked);
+    }
+  }
+  if (request != nullptr) awaiting_decision_.erase(mine);
+}
+
+}  // namespace hora

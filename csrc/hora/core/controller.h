@@ -1,0 +1,57 @@
+#pragma once
+// One negotiation cycle, run by every rank's engine thread in lock step.
+//
+// Steady state costs one small allreduce: each rank sets a bit for every
+// request it finds in the (identical) response cache, and the bitwise AND
+// says which cached collectives every rank is ready for. Only when some rank
+// has a request the cache cannot answer do the ranks fall back to sending
+// requests to the coordinator on rank 0 and receiving its decisions.
+//
+// The same allreduce carries the or-flags (uncached work, shutdown, joined
+// ranks, stale cache entries) by storing them inverted, so a cycle never
+// needs a second collective just for flags.
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "hora/comm/communicator.h"
+#include "hora/core/config.h"
+#include "hora/core/coordinator.h"
+#include "hora/core/message.h"
+#include "hora/core/response_cache.h"
+
+namespace hora {
+
+struct CycleResult {
+  std::vector<Response> responses;  // run these, in this order, on every rank
+  std::vector<int> shutdown_ranks;  // ranks that asked to shut down
+  int joined_count = 0;             // ranks contributing neutral values
+  bool all_joined = false;          // every rank has joined: joins complete
+  int last_joined_rank = -1;
+};
+
+class Controller {
+ public:
+  Controller(Communicator* comm, const Config& config);
+
+  Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
+                  CycleResult* result);
+  // Requests that still have to reach the coordinator (e.g. moved off an
+  // evicted cache entry): the engine must ask for another cycle.
+  bool HasUnsentRequests() const { return !uncached_.empty(); }
+
+ private:
+  void ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid);
+  Status Negotiate(const std::vector<bool>& joined, std::vector<Response>* out);
+  void RecordInCache(const Response& response);
+
+  Communicator* comm_;
+  ResponseCache cache_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unordered_map<int64_t, Request> pending_cached_;  // slot -> this rank's request
+  std::vector<Request> uncached_;
+  std::unordered_map<std::string, Request> awaiting_decision_;
+  std::vector<bool> previous_joined_;
+};
+
+}  // namespace hora

@@ -1,0 +1,184 @@
+#include "hora/core/coordinator.h"
+
+#include "hora/core/response_cache.h"
+
+#include <functional>
+#include <sstream>
+
+namespace hora {
+namespace {
+
+std::string FormatScale(double value) {
+  std::ostringstream s;
+  s << value;
+  return s.str();
+}
+
+// "ranks 0, 2 sent [2, 3]; rank 1 sent [4]": every distinct value with the
+// ranks that sent it, so the user sees both sides of a disagreement.
+std::string DescribeValues(const std::vector<std::pair<int, std::string>>& values) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& item : values) {
+    bool found = false;
+    for (auto& g : groups) {
+      if (g.first == item.second) {
+        g.second.push_back(item.first);
+        found = true;
+        break;
+      }
+    }
+    if (!found) groups.push_back({item.second, {item.first}});
+  }
+  std::ostringstream s;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (i) s << "; ";
+    s << (groups[i].second.size() > 1 ? "ranks " : "rank ");
+    for (size_t j = 0; j < groups[i].second.size(); ++j) {
+      s << (j ? ", " : "") << groups[i].second[j];
+    }
+    s << " sent " << groups[i].first;
+  }
+  return s.str();
+}
+
+}  // namespace
+
+void Coordinator::Add(const Request& request) {
+  auto it = table_.find(request.name);
+  if (it == table_.end()) {
+    Pending p;
+    p.by_rank.resize(size_);
+    p.have.assign(size_, false);
+    p.order = next_order_++;
+    arrival_[p.order] = request.name;
+    it = table_.emplace(request.name, std::move(p)).first;
+  }
+  it->second.by_rank[request.rank] = request;
+  it->second.have[request.rank] = true;
+}
+
+bool Coordinator::IsComplete(const Pending& p, const std::vector<bool>& joined) const {
+  for (int r = 0; r < size_; ++r) {
+    if (!p.have[r] && !joined[r]) return false;
+  }
+  return true;
+}
+
+std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
+  std::unordered_map<std::string, int> complete_members;  // group -> count
+  std::vector<std::string> complete;
+  for (const auto& item : arrival_) {
+    const Pending& p = table_.at(item.second);
+    if (!IsComplete(p, joined)) continue;
+    complete.push_back(item.second);
+    for (int r = 0; r < size_; ++r) {
+      if (p.have[r]) {
+        if (!p.by_rank[r].group.empty()) ++complete_members[p.by_rank[r].group];
+        break;
+      }
+    }
+  }
+  std::vector<Response> ready;
+  for (const std::string& name : complete) {
+    auto it = table_.find(name);
+    const Pending& p = it->second;
+    const Request* first = nullptr;
+    for (int r = 0; r < size_ && first == nullptr; ++r) {
+      if (p.have[r]) first = &p.by_rank[r];
+    }
+    if (!first->group.empty() && complete_members[first->group] < first->group_size) continue;
+    ready.push_back(Decide(name, p, joined));
+    arrival_.erase(p.order);
+    table_.erase(it);
+  }
+  return ready;
+}
+
+Response Coordinator::Decide(const std::string& name, const Pending& p,
+                             const std::vector<bool>& joined) const {
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (p.have[r]) ranks.push_back(r);
+  }
+  const Request& first = p.by_rank[ranks[0]];
+  Response response;
+  response.name = name;
+  response.kind = first.kind;
+  response.dtype = first.dtype;
+  response.op = first.op;
+  response.root = first.root;
+  response.prescale = first.prescale;
+  response.postscale = first.postscale;
+  response.shape = first.shape;
+
+  // Finds the first field on which the ranks disagree and turns the
+  // response into an error that names the tensor, the ranks and the values.
+  auto check = [&](const char* what, const std::function<std::string(const Request&)>& value) {
+    if (response.is_error()) return;
+    std::vector<std::pair<int, std::string>> values;
+    bool differ = false;
+    const std::string reference = value(first);
+    for (int r : ranks) {
+      values.push_back({r, value(p.by_rank[r])});
+      if (values.back().second != reference) differ = true;
+    }
+    if (!differ) return;
+    response.error_code = StatusCode::kMismatch;
+    response.error = std::string("Mismatched ") + what + " for " +
+                     CollectiveKindName(first.kind) + " '" + name + "': " + DescribeValues(values);
+  };
+
+  check("collective kind", [](const Request& r) { return std::string(CollectiveKindName(r.kind)); });
+  check("data type", [](const Request& r) { return std::string(DataTypeName(r.dtype)); });
+  const CollectiveKind kind = first.kind;
+  if (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReducescatter) {
+    check("reduce op", [](const Request& r) { return std::string(ReduceOpName(r.op)); });
+    check("prescale factor", [](const Request& r) { return FormatScale(r.prescale); });
+    check("postscale factor", [](const Request& r) { return FormatScale(r.postscale); });
+  }
+  if (kind == CollectiveKind::kBroadcast) {
+    check("root rank", [](const Request& r) { return std::to_string(r.root); });
+  }
+  if (kind == CollectiveKind::kAllgather || kind == CollectiveKind::kAlltoall) {
+    check("shape (all dimensions after the first)", [](const Request& r) {
+      std::vector<int64_t> rest(r.shape.empty() ? r.shape.begin() : r.shape.begin() + 1,
+                                r.shape.end());
+      return std::to_string(r.shape.size()) + "-d " + ShapeString(rest);
+    });
+  } else if (kind != CollectiveKind::kBarrier) {
+    check("shape", [](const Request& r) { return ShapeString(r.shape); });
+  }
+  check("group", [](const Request& r) { return r.group.empty() ? std::string("(none)") : r.group; });
+
+  if (!response.is_error() && kind != CollectiveKind::kAllreduce) {
+    std::vector<int> joined_ranks;
+    for (int r = 0; r < size_; ++r) {
+      if (joined[r] && !p.have[r]) joined_ranks.push_back(r);
+    }
+    if (!joined_ranks.empty()) {
+      std::ostringstream m;
+      m << CollectiveKindName(kind) << " '" << name << "' cannot run while rank"
+        << (joined_ranks.size() > 1 ? "s " : " ");
+      for (size_t i = 0; i < joined_ranks.size(); ++i) m << (i ? ", " : "") << joined_ranks[i];
+      m << (joined_ranks.size() > 1 ? " have" : " has")
+        << " called join(); only allreduce accepts joined ranks";
+      response.error_code = StatusCode::kMismatch;
+      response.error = m.str();
+    }
+  }
+  if (response.is_error()) return response;
+
+  response.cacheable = ResponseCache::Cacheable(first);
+  if (kind == CollectiveKind::kAllgather) {
+    response.first_dims.resize(size_);
+    for (int r = 0; r < size_; ++r) response.first_dims[r] = p.by_rank[r].shape[0];
+  } else if (kind == CollectiveKind::kAlltoall) {
+    response.splits.resize(static_cast<size_t>(size_) * size_);
+    for (int r = 0; r < size_; ++r) {
+      for (int d = 0; d < size_; ++d) response.splits[r * size_ + d] = p.by_rank[r].splits[d];
+    }
+  }
+  return response;
+}
+
+}  // namespace hora

@@ -1,0 +1,236 @@
+#include "hora/core/executor.h"
+
+#include <cstring>
+
+#include "hora/algo/host_kernels.h"
+
+namespace hora {
+namespace {
+
+bool SameAllreduce(const Response& a, const Response& b) {
+  return b.kind == CollectiveKind::kAllreduce && !b.is_error() && a.dtype == b.dtype &&
+         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+}
+
+// What the transport reduces: half types are widened to float32.
+DataType WireType(DataType dtype) { return IsHalf(dtype) ? DataType::kFloat32 : dtype; }
+
+// Elements per row: the product of every dimension after the first.
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
+double PostFactor(const Response& r, int active_ranks) {
+  double factor = r.postscale;
+  if (r.op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) factor /= active_ranks;
+  return factor;
+}
+
+// Copies `count` wire-type elements at `src` to the caller's output,
+// applying the post-scale (and the integer Average division).
+void Unpack(const char* src, void* dst, int64_t count, const Response& r, int active_ranks) {
+  const double factor = PostFactor(r, active_ranks);
+  if (IsHalf(r.dtype)) {
+    NarrowFromFloat(reinterpret_cast<const float*>(src), dst, count, r.dtype, factor);
+  } else if (IsFloatingPoint(r.dtype)) {
+    ScaleCopy(src, dst, count, r.dtype, factor);
+  } else {
+    if (src != dst) std::memcpy(dst, src, count * DataTypeSize(r.dtype));
+    if (r.op == ReduceOp::kAverage) DivideInPlace(dst, count, r.dtype, active_ranks);
+  }
+}
+
+// Copies (or fills, for a rank that has joined) one tensor into wire type.
+void Pack(const TensorEntry* entry, char* dst, int64_t count, const Response& r) {
+  const DataType wire = WireType(r.dtype);
+  if (entry == nullptr) {
+    FillNeutral(dst, count, wire, r.op);
+  } else if (IsHalf(r.dtype)) {
+    WidenToFloat(entry->input.data, reinterpret_cast<float*>(dst), count, r.dtype, r.prescale);
+  } else {
+    ScaleCopy(entry->input.data, dst, count, r.dtype, r.prescale);
+  }
+}
+
+}  // namespace
+
+size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) const {
+  const Response& head = responses[first];
+  int64_t bytes = head.NumElements() * DataTypeSize(WireType(head.dtype));
+  size_t end = first + 1;
+  while (end < responses.size() && SameAllreduce(head, responses[end])) {
+    const int64_t more = responses[end].NumElements() * DataTypeSize(WireType(head.dtype));
+    if (bytes + more > fusion_threshold_bytes_) break;
+    bytes += more;
+    ++end;
+  }
+  return end;
+}
+
+Status Executor::Run(const std::vector<Response>& responses, int active_ranks) {
+  size_t i = 0;
+  while (i < responses.size()) {
+    const Response& r = responses[i];
+    if (r.is_error()) {
+      TensorEntry entry;
+      if (queue_->TakeEntry(r.name, &entry)) entry.work->Complete(Status(r.error_code, r.error));
+      ++i;
+      continue;
+    }
+    if (r.kind == CollectiveKind::kAllreduce) {
+      const size_t end = FuseFrom(responses, i);
+      std::vector<Response> batch(responses.begin() + i, responses.begin() + end);
+      HORA_RETURN_IF_ERROR(RunAllreduce(batch, active_ranks));
+      i = end;
+      continue;
+    }
+    TensorEntry entry;
+    if (!queue_->TakeEntry(r.name, &entry)) {
+      // Only allreduce runs on ranks that did not submit it (after join).
+      return Status::Internal("no local tensor for " + std::string(CollectiveKindName(r.kind)) +
+                              " '" + r.name + "'");
+    }
+    Status status;
+    switch (r.kind) {
+      case CollectiveKind::kAllgather: status = RunAllgather(r, entry); break;
+      case CollectiveKind::kBroadcast: status = RunBroadcast(r, entry); break;
+      case CollectiveKind::kAlltoall: status = RunAlltoall(r, entry); break;
+      case CollectiveKind::kReducescatter: status = RunReducescatter(r, entry); break;
+      case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
+      default: status = Status::Internal("unexpected collective kind");
+    }
+    status = status.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'");
+    entry.work->Complete(status);
+    HORA_RETURN_IF_ERROR(status);
+    ++i;
+  }
+  return Status::OK();
+}
+
+Status Executor::RunAllreduce(const std::vector<Response>& batch, int active_ranks) {
+  std::vector<TensorEntry> entries(batch.size());
+  std::vector<bool> present(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    present[k] = queue_->TakeEntry(batch[k].name, &entries[k]);
+  }
+  const Response& head = batch[0];
+  const DataType wire = WireType(head.dtype);
+  Status status;
+  if (batch.size() == 1 && present[0] && !IsHalf(head.dtype)) {
+    // A lone tensor is reduced straight from the caller's memory.
+    TensorEntry& e = entries[0];
+    const int64_t count = head.NumElements();
+    const void* send = e.input.data;
+    if (head.prescale != 1.0) {
+      ScaleCopy(e.input.data, e.output, count, head.dtype, head.prescale);
+      send = nullptr;
+    } else if (e.input.data == e.output) {
+      send = nullptr;
+    }
+    status = comm_->Allreduce(send, e.output, count, head.dtype, head.op);
+    if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head, active_ranks);
+  } else {
+    int64_t total = 0;
+    for (const Response& r : batch) total += r.NumElements();
+    const int64_t element = DataTypeSize(wire);
+    char* buffer = fusion_buffer_.Get(total * element);
+    int64_t offset = 0;
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const int64_t count = batch[k].NumElements();
+      Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
+      offset += count;
+    }
+    status = comm_->Allreduce(nullptr, buffer, total, wire, head.op);
+    offset = 0;
+    for (size_t k = 0; k < batch.size() && status.ok(); ++k) {
+      const int64_t count = batch[k].NumElements();
+      if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k], active_ranks);
+      offset += count;
+    }
+  }
+  status = status.WithContext("allreduce '" + head.name + "'" +
+                              (batch.size() > 1 ? " (fused with " + std::to_string(batch.size() - 1) +
+                                                      " more)"
+                                                : std::string()));
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (present[k]) entries[k].work->Complete(status);
+  }
+  return status;
+}
+
+Status Executor::RunAllgather(const Response& r, TensorEntry& e) {
+  const int size = comm_->size();
+  const int64_t row_elements = RowElements(e.input.shape);
+  const int64_t row_bytes = row_elements * DataTypeSize(r.dtype);
+  std::vector<int64_t> recv_bytes(size);
+  int64_t total_rows = 0;
+  for (int k = 0; k < size; ++k) {
+    recv_bytes[k] = r.first_dims[k] * row_bytes;
+    total_rows += r.first_dims[k];
+  }
+  e.work->output = std::make_shared<OwnedBuffer>(total_rows * row_bytes);
+  e.work->output_shape = e.input.shape;
+  e.work->output_shape[0] = total_rows;
+  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), e.work->output->data(), recv_bytes);
+}
+
+Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {
+  if (comm_->rank() == r.root && e.output != e.input.data) {
+    std::memcpy(e.output, e.input.data, e.input.NumBytes());
+  }
+  return comm_->Broadcast(e.output, e.input.NumBytes(), r.root);
+}
+
+Status Executor::RunAlltoall(const Response& r, TensorEntry& e) {
+  const int size = comm_->size();
+  const int me = comm_->rank();
+  const int64_t row_bytes = RowElements(e.input.shape) * DataTypeSize(r.dtype);
+  std::vector<int64_t> send_bytes(size), recv_bytes(size);
+  e.work->received_splits.assign(size, 0);
+  int64_t total_rows = 0;
+  for (int k = 0; k < size; ++k) {
+    send_bytes[k] = r.splits[me * size + k] * row_bytes;
+    e.work->received_splits[k] = r.splits[k * size + me];
+    recv_bytes[k] = e.work->received_splits[k] * row_bytes;
+    total_rows += e.work->received_splits[k];
+  }
+  e.work->output = std::make_shared<OwnedBuffer>(total_rows * row_bytes);
+  e.work->output_shape = e.input.shape;
+  e.work->output_shape[0] = total_rows;
+  return comm_->Alltoallv(e.input.data, send_bytes, e.work->output->data(), recv_bytes);
+}
+
+Status Executor::RunReducescatter(const Response& r, TensorEntry& e) {
+  const int size = comm_->size();
+  const int64_t rows = e.input.shape[0];
+  const int64_t row_elements = RowElements(e.input.shape);
+  // The first rows % size ranks get one extra row, as in Horovod.
+  std::vector<int64_t> counts(size);
+  for (int k = 0; k < size; ++k) counts[k] = rows / size + (k < rows % size ? 1 : 0);
+  const int64_t my_rows = counts[comm_->rank()];
+  for (int64_t& c : counts) c *= row_elements;
+  const int64_t mine = counts[comm_->rank()];
+  const DataType wire = WireType(r.dtype);
+  const int64_t element = DataTypeSize(wire);
+  e.work->output = std::make_shared<OwnedBuffer>(mine * DataTypeSize(r.dtype));
+  e.work->output_shape = e.input.shape;
+  e.work->output_shape[0] = my_rows;
+  const int64_t total = e.input.NumElements();
+  const bool staged = IsHalf(r.dtype) || r.prescale != 1.0;
+  const void* send = e.input.data;
+  char* recv = e.work->output->data();
+  if (staged) {
+    // Staging: the input (widened and pre-scaled) first, then the result.
+    char* buffer = fusion_buffer_.Get((total + mine) * element);
+    Pack(&e, buffer, total, r);
+    send = buffer;
+    recv = buffer + total * element;
+  }
+  HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, counts, wire, r.op));
+  Unpack(recv, e.work->output->data(), mine, r, size);
+  return Status::OK();
+}
+
+}  // namespace hora

@@ -1,0 +1,39 @@
+#pragma once
+// Runs the responses a cycle produced, in order, on this rank: fuses
+// adjacent compatible allreduces into one buffer, calls the communicator,
+// unpacks and scales, and completes each caller's Work.
+#include <vector>
+
+#include "hora/comm/communicator.h"
+#include "hora/core/config.h"
+#include "hora/core/fusion_buffer.h"
+#include "hora/core/message.h"
+#include "hora/core/tensor_queue.h"
+
+namespace hora {
+
+class Executor {
+ public:
+  Executor(Communicator* comm, TensorQueue* queue, const Config& config)
+      : comm_(comm), queue_(queue), fusion_threshold_bytes_(config.fusion_threshold_bytes) {}
+
+  // `active_ranks` is the number of ranks contributing real data (the
+  // divisor for Average while some ranks have joined). A transport failure
+  // is returned after failing the affected Works; the engine then stops.
+  Status Run(const std::vector<Response>& responses, int active_ranks);
+
+ private:
+  size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
+  Status RunAllreduce(const std::vector<Response>& batch, int active_ranks);
+  Status RunAllgather(const Response& response, TensorEntry& entry);
+  Status RunBroadcast(const Response& response, TensorEntry& entry);
+  Status RunAlltoall(const Response& response, TensorEntry& entry);
+  Status RunReducescatter(const Response& response, TensorEntry& entry);
+
+  Communicator* comm_;
+  TensorQueue* queue_;
+  int64_t fusion_threshold_bytes_;
+  FusionBuffer fusion_buffer_;
+};
+
+}  // namespace hora

@@ -1,0 +1,83 @@
+#pragma once
+// What ranks tell each other during negotiation. A Request says "this rank
+// has submitted this collective"; a Response, decided by the coordinator (or
+// replayed from the response cache), says "every rank has it: run it now", or
+// carries the error every rank raises instead.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hora/common/dtype.h"
+#include "hora/common/status.h"
+
+namespace hora {
+
+enum class CollectiveKind : uint8_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+};
+const char* CollectiveKindName(CollectiveKind kind);
+
+// Numbered as Horovod numbers them, so user code passing the integers keeps
+// its meaning.
+enum class ReduceOp : uint8_t {
+  kAverage = 0,
+  kSum = 1,
+  kAdasum = 2,
+  kMin = 3,
+  kMax = 4,
+  kProduct = 5,
+};
+const char* ReduceOpName(ReduceOp op);
+
+struct Request {
+  int32_t rank = 0;
+  std::string name;
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  ReduceOp op = ReduceOp::kSum;
+  DataType dtype = DataType::kFloat32;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each rank
+  // Members of a grouped collective are released together.
+  std::string group;
+  int32_t group_size = 0;
+
+  int64_t NumElements() const;
+};
+
+struct Response {
+  CollectiveKind kind = CollectiveKind::kAllreduce;
+  std::string name;
+  StatusCode error_code = StatusCode::kOk;
+  std::string error;  // set on every rank when the collective cannot run
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int32_t root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<int64_t> shape;       // the agreed shape (rank 0's for allgather)
+  std::vector<int64_t> first_dims;  // allgather: every rank's first dimension
+  std::vector<int64_t> splits;      // alltoall: size x size rows, row = sender
+  // Decided once by the coordinator so that every rank, including one that
+  // did not submit the tensor, makes the same response-cache entry.
+  bool cacheable = false;
+
+  bool is_error() const { return error_code != StatusCode::kOk; }
+  int64_t NumElements() const;
+};
+
+void SerializeRequests(const std::vector<Request>& requests, std::string* out);
+Status ParseRequests(const std::string& data, std::vector<Request>* out);
+void SerializeResponses(const std::vector<Response>& responses, std::string* out);
+Status ParseResponses(const std::string& data, std::vector<Response>* out);
+
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+}  // namespace hora

@@ -1,0 +1,66 @@
+#include "hora/core/tensor_queue.h"
+
+#include <unordered_set>
+
+namespace hora {
+
+Status TensorQueue::Add(std::vector<TensorEntry> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return closed_status_;
+    std::unordered_set<std::string> seen;
+    for (const TensorEntry& e : entries) {
+      const std::string& name = e.request.name;
+      if (entries_.count(name) != 0 || !seen.insert(name).second) {
+        return Status::InvalidArgument(
+            "a collective named '" + name +
+            "' is already in flight on this rank; wait for it to finish or use another name");
+      }
+    }
+    for (TensorEntry& e : entries) {
+      new_requests_.push_back(e.request);
+      std::string name = e.request.name;
+      entries_.emplace(std::move(name), std::move(e));
+    }
+  }
+  on_new_work_();
+  return Status::OK();
+}
+
+void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  out->swap(new_requests_);
+  new_requests_.clear();
+}
+
+bool TensorQueue::HasNewRequests() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !new_requests_.empty();
+}
+
+bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return false;
+  *out = std::move(it->second);
+  entries_.erase(it);
+  return true;
+}
+
+void TensorQueue::FailAll(const Status& status) {
+  std::unordered_map<std::string, TensorEntry> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failed.swap(entries_);
+    new_requests_.clear();
+  }
+  for (auto& item : failed) item.second.work->Complete(status);
+}
+
+void TensorQueue::Close(const Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+  closed_status_ = status;
+}
+
+}  // namespace hora

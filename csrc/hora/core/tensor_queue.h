@@ -1,0 +1,53 @@
+#pragma once
+// The hand-off between caller threads and the engine thread. Callers add
+// entries (a request plus the memory it reads and writes); the engine takes
+// the new requests for negotiation and later takes each entry by name when
+// its response says to run it.
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "hora/common/status.h"
+#include "hora/core/message.h"
+#include "hora/core/tensor.h"
+#include "hora/core/work.h"
+
+namespace hora {
+
+struct TensorEntry {
+  Request request;
+  TensorView input;
+  void* output = nullptr;  // allreduce / broadcast destination; may equal input.data
+  std::shared_ptr<Work> work;
+};
+
+class TensorQueue {
+ public:
+  explicit TensorQueue(std::function<void()> on_new_work) : on_new_work_(std::move(on_new_work)) {}
+
+  // Adds all entries or none (a group must not be half-submitted). Fails
+  // with InvalidArgument if a name is already in flight or repeated.
+  Status Add(std::vector<TensorEntry> entries);
+  void TakeNewRequests(std::vector<Request>* out);
+  bool HasNewRequests() const;
+  // Removes and returns the entry; false if this rank never submitted it
+  // (a rank that has joined runs allreduces it did not submit).
+  bool TakeEntry(const std::string& name, TensorEntry* out);
+  // Fails every entry still in flight, e.g. when the engine stops.
+  void FailAll(const Status& status);
+  // Refuses further Add calls with this status.
+  void Close(const Status& status);
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, TensorEntry> entries_;
+  std::vector<Request> new_requests_;
+  std::function<void()> on_new_work_;
+  bool closed_ = false;
+  Status closed_status_;
+};
+
+}  // namespace hora

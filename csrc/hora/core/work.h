@@ -1,0 +1,36 @@
+#pragma once
+// A Work is the caller's handle on one submitted collective. The engine
+// completes it exactly once, with OK or the Status that explains the
+// failure; Wait() gives that Status back on the caller's thread.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "hora/common/status.h"
+#include "hora/core/tensor.h"
+
+namespace hora {
+
+class Work {
+ public:
+  void Complete(const Status& status);
+  // Blocks until completion. Never call with the Python GIL held.
+  Status Wait();
+  bool Poll() const;
+
+  // Outputs the engine fills in before Complete() for collectives whose
+  // output size is decided by negotiation.
+  std::shared_ptr<OwnedBuffer> output;
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> received_splits;
+  int join_last_rank = -1;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+}  // namespace hora

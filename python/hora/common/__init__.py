@@ -1,0 +1,1 @@
+"""Framework-independent pieces shared by every hora adapter."""

