@@ -1,0 +1,60 @@
+"""Fixtures for tests that run on every rank under horarun.
+
+Each test runs unchanged at any world size. Inputs are made deterministically
+from (test, rank), so every rank can compute the expected result of a
+collective over all ranks' inputs by itself and assert on it.
+"""
+
+import zlib
+
+import numpy as np
+import pytest
+
+import hora
+
+try:
+    import ml_dtypes
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test requirement
+    BFLOAT16 = None
+
+ALL_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, "bfloat16",
+              np.float32, np.float64, np.bool_]
+
+
+def resolve_dtype(dtype):
+    if dtype == "bfloat16":
+        if BFLOAT16 is None:
+            pytest.skip("ml_dtypes is not installed")
+        return BFLOAT16
+    return np.dtype(dtype)
+
+
+def rank_input(tag, rank, shape, dtype):
+    """The array rank `rank` contributes for `tag`: small values so sums and
+    products stay exact in every dtype."""
+    dtype = resolve_dtype(dtype)
+    rng = np.random.default_rng(zlib.crc32(f"{tag}/{rank}".encode()))
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        low = 0 if np.issubdtype(dtype, np.unsignedinteger) else -3
+        return rng.integers(low, 4, size=shape).astype(dtype)
+    return rng.integers(-4, 5, size=shape).astype(np.float32).astype(dtype) / 2
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hora_session():
+    hora.init()
+    yield
+    hora.shutdown()
+
+
+@pytest.fixture
+def rank():
+    return hora.rank()
+
+
+@pytest.fixture
+def size():
+    return hora.size()
