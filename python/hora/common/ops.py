@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from hora import _C
+from hora._loader import _C
 from hora.common.basics import ReduceOp
 
 _KIND_ALLREDUCE = 0

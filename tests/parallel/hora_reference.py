@@ -1,0 +1,166 @@
+"""NumPy references for the collectives, shared by the tests in this folder.
+
+Every rank builds every other rank's input with ``rank_input`` and computes
+the expected result of a collective locally, so each rank can assert on its
+own output without talking to the others.
+"""
+
+import numpy as np
+
+import hora
+from conftest import ALL_DTYPES, rank_input, resolve_dtype
+
+# Integer, bool and floating-point dtypes of ALL_DTYPES, by name.
+HALF_NAMES = ("float16", "bfloat16")
+FLOAT_DTYPES = [d for d in ALL_DTYPES if d in (np.float16, "bfloat16", np.float32, np.float64)]
+INT_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64]
+
+OP_NAMES = {hora.Sum: "Sum", hora.Average: "Average", hora.Min: "Min", hora.Max: "Max",
+            hora.Product: "Product"}
+ALL_OPS = [hora.Sum, hora.Average, hora.Min, hora.Max, hora.Product]
+
+
+def dtype_name(dtype):
+    """A short, stable name for a dtype of ALL_DTYPES (used in ids and tensor names)."""
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
+def op_name(op):
+    return OP_NAMES[op]
+
+
+def is_half(dtype):
+    return resolve_dtype(dtype).name in HALF_NAMES
+
+
+def is_float(dtype):
+    d = resolve_dtype(dtype)
+    return d.name in HALF_NAMES or np.issubdtype(d, np.floating)
+
+
+def is_bool(dtype):
+    return resolve_dtype(dtype) == np.bool_
+
+
+def eps(dtype):
+    """Machine epsilon of a floating-point dtype (bfloat16 included)."""
+    d = resolve_dtype(dtype)
+    if d.name == "bfloat16":
+        import ml_dtypes
+        return float(ml_dtypes.finfo(d).eps)
+    return float(np.finfo(d).eps)
+
+
+def inputs_of(tag, ranks, shape, dtype):
+    """Every listed rank's input for ``tag``."""
+    return [rank_input(tag, r, shape, dtype) for r in ranks]
+
+
+def _trunc_divide(values, divisor):
+    # C-style integer division: the quotient is truncated toward zero.
+    return np.sign(values) * (np.abs(values) // divisor)
+
+
+def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0):
+    """The reduction of ``arrays`` (one per contributing rank) as hora defines it.
+
+    Integers reduce exactly and Average truncates toward zero; bool Sum/Max
+    is logical or and Min/Product logical and; float16 and bfloat16 are
+    widened to float32, reduced and rounded once. Floating-point references
+    are computed in float64 (or float32 for the half types) and cast at the
+    end, so they are exact whenever the true result is representable.
+    """
+    dtype = resolve_dtype(dtype)
+    n = len(arrays)
+    assert n > 0
+    stack = np.stack([np.asarray(a) for a in arrays])
+    if dtype == np.bool_:
+        if op in (hora.Sum, hora.Max):
+            return np.logical_or.reduce(stack, axis=0)
+        if op in (hora.Min, hora.Product):
+            return np.logical_and.reduce(stack, axis=0)
+        raise ValueError(f"no bool reference for {op!r}")
+    if np.issubdtype(dtype, np.integer):
+        assert prescale == 1.0 and postscale == 1.0
+        wide = stack.astype(np.int64)
+        if op == hora.Sum:
+            result = wide.sum(axis=0)
+        elif op == hora.Average:
+            result = _trunc_divide(wide.sum(axis=0), n)
+        elif op == hora.Min:
+            result = wide.min(axis=0)
+        elif op == hora.Max:
+            result = wide.max(axis=0)
+        elif op == hora.Product:
+            result = wide.prod(axis=0)
+        else:
+            raise ValueError(f"no integer reference for {op!r}")
+        return np.asarray(result).astype(dtype)
+    work = np.float32 if dtype.name in HALF_NAMES else np.float64
+    wide = stack.astype(work) * work(prescale)
+    if op in (hora.Sum, hora.Average):
+        result = wide.sum(axis=0)
+        if op == hora.Average:
+            result = result / work(n)
+    elif op == hora.Min:
+        result = wide.min(axis=0)
+    elif op == hora.Max:
+        result = wide.max(axis=0)
+    elif op == hora.Product:
+        result = wide.prod(axis=0)
+    else:
+        raise ValueError(f"no float reference for {op!r}")
+    result = np.asarray(result * work(postscale), dtype=work)
+    return result.astype(dtype)
+
+
+def reducescatter_rows(rows, size):
+    """Rows each rank gets from a reducescatter: the first rows % size ranks
+    get one extra."""
+    return [rows // size + (1 if k < rows % size else 0) for k in range(size)]
+
+
+def reducescatter_block(full, rank, size):
+    """This rank's block of the fully reduced array ``full``."""
+    counts = reducescatter_rows(full.shape[0], size)
+    start = sum(counts[:rank])
+    return full[start:start + counts[rank]]
+
+
+def _as_f64(array):
+    return np.asarray(array).astype(np.float64)
+
+
+def assert_same(actual, expected):
+    """``actual`` is an ndarray with exactly ``expected``'s dtype, shape and values."""
+    expected = np.asarray(expected)
+    assert isinstance(actual, np.ndarray), f"expected an ndarray, got {type(actual).__name__}"
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"shape {actual.shape} != expected {expected.shape}"
+    if expected.dtype == np.bool_ or np.issubdtype(expected.dtype, np.integer):
+        np.testing.assert_array_equal(actual, expected)
+    else:
+        np.testing.assert_array_equal(_as_f64(actual), _as_f64(expected))
+
+
+def assert_close(actual, expected, ulps=1.0, magnitude=0.0):
+    """Like :func:`assert_same`, but floating-point values may differ by
+    ``ulps`` units of the dtype's epsilon, relative to the value (and to
+    ``magnitude`` for results that are near zero after cancellation)."""
+    expected = np.asarray(expected)
+    assert isinstance(actual, np.ndarray), f"expected an ndarray, got {type(actual).__name__}"
+    assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != expected {expected.dtype}"
+    assert actual.shape == expected.shape, f"shape {actual.shape} != expected {expected.shape}"
+    tolerance = ulps * eps(expected.dtype)
+    np.testing.assert_allclose(_as_f64(actual), _as_f64(expected), rtol=tolerance,
+                               atol=tolerance * magnitude)
+
+
+def assert_reduced(actual, expected, op):
+    """Exact for everything except a floating-point Average, whose division
+    may be done as a multiplication by 1/n (one rounding step apart)."""
+    if op == hora.Average and expected.dtype != np.bool_ and not np.issubdtype(
+            expected.dtype, np.integer):
+        assert_close(actual, expected, ulps=1.0)
+    else:
+        assert_same(actual, expected)
