@@ -97,11 +97,12 @@ void Validate(const Request& r, const TensorView& in, const TensorView* out, int
 py::list Submit(int kind, const std::vector<std::string>& names,
                                             py::list inputs, py::object outputs, int op, int root,
                                             double prescale, double postscale, py::object splits,
-                                            int dtype_override, bool grouped) {
+                                            const std::vector<int>& dtypes, bool grouped) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   const int size = engine->topology().size;
-  if (static_cast<size_t>(py::len(inputs)) != names.size()) {
-    ThrowValueError("internal: names and tensors differ in length");
+  if (static_cast<size_t>(py::len(inputs)) != names.size() ||
+      (!dtypes.empty() && dtypes.size() != names.size())) {
+    ThrowValueError("internal: names, tensors and dtypes differ in length");
   }
   std::vector<std::unique_ptr<PyWork>> works;
   std::vector<TensorEntry> entries;
@@ -118,10 +119,10 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     r.group_size = grouped ? static_cast<int32_t>(names.size()) : 0;
     auto w = std::make_unique<PyWork>();
     const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
-    w->input.reset(new TensorArg(inputs[i], in_place, dtype_override, "tensor '" + r.name + "'"));
+    w->input.reset(new TensorArg(inputs[i], in_place, dtypes.empty() ? -1 : dtypes[i], "tensor '" + r.name + "'"));
     const TensorView& in = w->input->view();
     if (!outputs.is_none() && !in_place) {
-      w->output.reset(new TensorArg(outputs.cast<py::list>()[i], true, dtype_override,
+      w->output.reset(new TensorArg(outputs.cast<py::list>()[i], true, dtypes.empty() ? -1 : dtypes[i],
                                     "output of '" + r.name + "'"));
     }
     r.dtype = in.dtype;
@@ -195,7 +196,7 @@ void RegisterOps(py::module_& m) {
   m.def("submit", &Submit, py::arg("kind"), py::arg("names"), py::arg("inputs"),
         py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
-        py::arg("dtype") = -1, py::arg("grouped") = false);
+        py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false);
 
   m.def("join", [] {
     std::shared_ptr<Engine> engine = CurrentEngine();

@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <pybind11/stl.h>
+
 #include <dlfcn.h>
 #include <mpi.h>
 

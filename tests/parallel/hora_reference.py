@@ -10,10 +10,9 @@ import numpy as np
 import hora
 from conftest import ALL_DTYPES, rank_input, resolve_dtype
 
-# Integer, bool and floating-point dtypes of ALL_DTYPES, by name.
 HALF_NAMES = ("float16", "bfloat16")
+# The floating-point members of ALL_DTYPES (the ones scale factors apply to).
 FLOAT_DTYPES = [d for d in ALL_DTYPES if d in (np.float16, "bfloat16", np.float32, np.float64)]
-INT_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64]
 
 OP_NAMES = {hora.Sum: "Sum", hora.Average: "Average", hora.Min: "Min", hora.Max: "Max",
             hora.Product: "Product"}

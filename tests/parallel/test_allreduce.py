@@ -60,7 +60,7 @@ def test_integer_average_truncates_toward_zero(dtype, rank, size):
 
 def test_unsigned_average(rank, size):
     tag = "allreduce.uint8.average"
-    x = np.array([rank, 3, 255 // max(size, 1), 1], dtype=np.uint8)
+    x = np.array([rank, 3, 255 // size, 1], dtype=np.uint8)
     result = hora.allreduce(x, name=tag, op=hora.Average)
     total = np.sum([[r, 3, 255 // size, 1] for r in range(size)], axis=0)
     assert_same(result, (total // size).astype(np.uint8))

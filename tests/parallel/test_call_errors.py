@@ -116,8 +116,18 @@ def test_read_only_array(rank, size):
     reduced = hora.allreduce(x, name="errors.readonly", op=hora.Sum)
     grouped = hora.grouped_allreduce([np.zeros(2, np.float32), x], name="errors.readonly",
                                      op=hora.Sum)
+    gathered = hora.allgather(x, name="errors.readonly.allgather")
+    broadcast = hora.broadcast(x, size - 1, name="errors.readonly.broadcast")
+    rows = np.full((size, 2), rank, np.float32)
+    rows.setflags(write=False)
+    exchanged, _ = hora.alltoall(rows, name="errors.readonly.alltoall")
+    scattered = hora.reducescatter(rows, name="errors.readonly.reducescatter", op=hora.Sum)
     assert_same(reduced, np.full(4, size * (size - 1) // 2, np.float32))
     assert_same(grouped[1], reduced)
+    assert_same(gathered, np.repeat(np.arange(size, dtype=np.float32), 4))
+    assert_same(broadcast, np.full(4, size - 1, np.float32))
+    assert_same(exchanged, np.repeat(np.arange(size, dtype=np.float32), 2).reshape(size, 2))
+    assert_same(scattered, np.full((1, 2), size * (size - 1) // 2, np.float32))
 
 
 def test_not_an_array_for_inplace(rank, size):

@@ -67,10 +67,16 @@ def test_grouped_allreduce_async(rank, size):
         assert_same(x, expected)
 
 
+@pytest.mark.parametrize("layout", ["half_last", "float32_last", "half_only"])
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"], ids=dtype_name)
-def test_grouped_allreduce_half_types(dtype, rank, size):
-    tag = f"grouped.half.{dtype_name(dtype)}"
-    spec = [(dtype, (5,)), (np.float32, (3,)), (dtype, (2, 3))]
+def test_grouped_allreduce_half_types(dtype, layout, rank, size):
+    # Each member keeps its own dtype, whatever the order of the members.
+    tag = f"grouped.half.{dtype_name(dtype)}.{layout}"
+    spec = {
+        "half_last": [(dtype, (5,)), (np.float32, (3,)), (dtype, (2, 3))],
+        "float32_last": [(dtype, (5,)), (np.int32, (2,)), (np.float32, (3,))],
+        "half_only": [(dtype, (5,)), (dtype, (1,))],
+    }[layout]
     results = hora.grouped_allreduce(members(tag, rank, spec), name=tag, op=hora.Sum)
     for result, expected in zip(results, expected_members(tag, size, hora.Sum, spec)):
         assert_same(result, expected)

@@ -164,3 +164,13 @@ def test_name_can_be_reused_after_completion(rank, size):
     assert_same(first, np.full(2, size * (size - 1) // 2, np.int32))
     assert_same(second, np.full(2, size * (size + 1) // 2, np.int32))
     assert_same(third, np.full(2, size, np.int32))
+
+
+def test_dropped_handle_still_completes(rank, size):
+    # A handle dropped without synchronize must not leave the name in
+    # flight or the other ranks waiting.
+    tag = "async.dropped"
+    handle = hora.allreduce_async(np.full(2, rank, np.int32), name=tag, op=hora.Sum)
+    del handle
+    again = hora.allreduce(np.full(2, rank, np.int32), name=tag, op=hora.Sum)
+    assert_same(again, np.full(2, size * (size - 1) // 2, np.int32))

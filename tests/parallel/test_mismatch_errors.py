@@ -180,6 +180,20 @@ def test_one_rank_differs(rank, size):
     usable()
 
 
+def test_failed_async_handle_polls_done_then_raises(rank, size):
+    name = "mismatch.async"
+    handle = hora.allreduce_async(np.zeros(2 + rank, np.float32), name=name)
+    deadline = time.monotonic() + MAX_SECONDS
+    while not hora.poll(handle) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    polled = hora.poll(handle)
+    error, seconds = attempt(lambda: hora.synchronize(handle))
+    usable = still_usable(name + ".after", size)
+    assert polled, "poll() did not report the failed collective as done"
+    check_mismatch(error, 0.0, name, "shape", *every_rank_named(size))
+    usable()
+
+
 def test_same_name_works_after_mismatch(rank, size):
     name = "mismatch.reuse"
     error, seconds = attempt(lambda: hora.allreduce(np.zeros(2 + rank, np.int32), name=name))
@@ -266,9 +280,6 @@ def test_grouped_against_ungrouped(rank, size):
     usable()
 
 
-@pytest.mark.xfail(run=False, reason="hangs: group sizes are not compared, so rank 0's group of "
-                                     "2 completes while the other ranks' third member waits "
-                                     "forever")
 def test_grouped_member_count_mismatch(rank, size):
     name = "mismatch.group_size"
     tensors = [np.ones(2, np.float32)] * (2 if rank == 0 else 3)

@@ -43,33 +43,26 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   std::vector<int64_t> invalid;
   ClassifyNew(&new_requests, &invalid);
 
-  // Layout: [~flags][ready: AND][~requested][~invalid][~joined][~shutdown]
+  // Layout: [~flags][ready: AND][~invalid][~joined][~shutdown]
   const int64_t w = Words(cache_.capacity());
   const int64_t rw = Words(size);
-  const int64_t ready_at = 1, requested_at = 1 + w, invalid_at = 1 + 2 * w,
-                joined_at = 1 + 3 * w, shutdown_at = 1 + 3 * w + rw;
-  std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
-  uint64_t flags = uncached_.empty() ? 0 : kFlagUncached;
-  words[0] = flags;
-  // A joined rank is ready for anything: the AND then depends only on the
-  // ranks still submitting, and it contributes neutral values.
-  for (int64_t i = 0; i < w; ++i) words[ready_at + i] = joined ? ~uint64_t(0) : 0;
-  for (const auto& item : pending_cached_) {
-    SetBit(&words[ready_at], item.first);
-    SetBit(&words[requested_at], item.first);
-  }
+  const int64_t ready_at = 1, invalid_at = 1 + w, joined_at = 1 + 2 * w,
+                shutdown_at = 1 + 2 * w + rw;
+  std::vector<uint64_t> words(static_cast<size_t>(1 + 2 * w + 2 * rw), 0);
+  words[0] = uncached_.empty() ? 0 : kFlagUncached;
+  for (const auto& item : pending_cached_) SetBit(&words[ready_at], item.first);
   for (int64_t slot : invalid) SetBit(&words[invalid_at], slot);
   if (joined) SetBit(&words[joined_at], rank);
   if (shutdown) SetBit(&words[shutdown_at], rank);
   // Or-regions travel inverted through the AND.
-  words[0] = ~words[0];
-  for (size_t i = requested_at; i < words.size(); ++i) words[i] = ~words[i];
-
+  auto invert_or_regions = [&] {
+    words[0] = ~words[0];
+    for (size_t i = invalid_at; i < words.size(); ++i) words[i] = ~words[i];
+  };
+  invert_or_regions();
   HORA_RETURN_IF_ERROR(comm_->AllreduceBitAnd(words.data(), static_cast<int>(words.size())));
-
-  words[0] = ~words[0];
-  for (size_t i = requested_at; i < words.size(); ++i) words[i] = ~words[i];
-  flags = words[0];
+  invert_or_regions();
+  const uint64_t flags = words[0];
 
   std::vector<bool> joined_ranks(size, false);
   bool joined_changed = false;
@@ -95,17 +88,23 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
       pending_cached_.erase(it);
     }
   }
-  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
-    if (!GetBit(&words[ready_at], slot) || !GetBit(&words[requested_at], slot) ||
-        GetBit(&words[invalid_at], slot)) {
-      continue;
+  if (result->joined_count > 0) {
+    // While ranks are joined, only the coordinator knows who contributes
+    // real data to each tensor (the Average divisor) and which collectives
+    // must be refused, so the fast path steps aside.
+    for (auto& item : pending_cached_) uncached_.push_back(std::move(item.second));
+    pending_cached_.clear();
+  } else {
+    for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+      if (!GetBit(&words[ready_at], slot) || GetBit(&words[invalid_at], slot)) continue;
+      result->responses.push_back(cache_.response(slot));
+      result->responses.back().contributors = size;
+      cache_.Touch(slot);
+      pending_cached_.erase(slot);
     }
-    result->responses.push_back(cache_.response(slot));
-    cache_.Touch(slot);
-    pending_cached_.erase(slot);
   }
 
-  if ((flags & kFlagUncached) || any_invalid || joined_changed) {
+  if ((flags & kFlagUncached) || any_invalid || joined_changed || result->joined_count > 0) {
     HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses));
   }
 

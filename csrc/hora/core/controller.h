@@ -9,7 +9,8 @@
 //
 // The same allreduce carries the or-flags (uncached work, shutdown, joined
 // ranks, stale cache entries) by storing them inverted, so a cycle never
-// needs a second collective just for flags.
+// needs a second collective just for flags. While any rank has joined, every
+// request goes through the coordinator.
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -25,7 +26,7 @@ namespace hora {
 struct CycleResult {
   std::vector<Response> responses;  // run these, in this order, on every rank
   std::vector<int> shutdown_ranks;  // ranks that asked to shut down
-  int joined_count = 0;             // ranks contributing neutral values
+  int joined_count = 0;             // ranks that called join()
   bool all_joined = false;          // every rank has joined: joins complete
   int last_joined_rank = -1;
 };

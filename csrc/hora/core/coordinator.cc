@@ -2,6 +2,7 @@
 
 #include "hora/core/response_cache.h"
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -65,33 +66,78 @@ bool Coordinator::IsComplete(const Pending& p, const std::vector<bool>& joined) 
 }
 
 std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
-  std::unordered_map<std::string, int> complete_members;  // group -> count
-  std::vector<std::string> complete;
+  // Group sizes every rank declared, per group: ranks that disagree about
+  // how many tensors a group has would otherwise wait forever for members
+  // that never come.
+  std::unordered_map<std::string, std::vector<std::pair<int, std::string>>> group_sizes;
+  std::unordered_map<std::string, std::vector<bool>> group_seen;
   for (const auto& item : arrival_) {
     const Pending& p = table_.at(item.second);
-    if (!IsComplete(p, joined)) continue;
-    complete.push_back(item.second);
     for (int r = 0; r < size_; ++r) {
-      if (p.have[r]) {
-        if (!p.by_rank[r].group.empty()) ++complete_members[p.by_rank[r].group];
+      const Request& request = p.by_rank[r];
+      if (!p.have[r] || request.group.empty()) continue;
+      std::vector<bool>& seen = group_seen[request.group];
+      if (seen.empty()) seen.assign(size_, false);
+      if (seen[r]) continue;
+      seen[r] = true;
+      group_sizes[request.group].push_back({r, std::to_string(request.group_size)});
+    }
+  }
+  std::unordered_map<std::string, std::string> failed_groups;
+  for (auto& item : group_sizes) {
+    std::sort(item.second.begin(), item.second.end());
+    for (const auto& value : item.second) {
+      if (value.second != item.second.front().second) {
+        failed_groups[item.first] = "Mismatched number of tensors in grouped collective '" +
+                                    item.first.substr(item.first.find(':') + 1) +
+                                    "': " + DescribeValues(item.second);
         break;
       }
     }
   }
+
+  std::unordered_map<std::string, int> complete_members;  // group -> count
+  std::vector<std::string> candidates;
+  for (const auto& item : arrival_) {
+    const Pending& p = table_.at(item.second);
+    const Request& first = FirstRequest(p);
+    if (failed_groups.count(first.group) != 0) {
+      candidates.push_back(item.second);
+      continue;
+    }
+    if (!IsComplete(p, joined)) continue;
+    candidates.push_back(item.second);
+    if (!first.group.empty()) ++complete_members[first.group];
+  }
   std::vector<Response> ready;
-  for (const std::string& name : complete) {
+  for (const std::string& name : candidates) {
     auto it = table_.find(name);
     const Pending& p = it->second;
-    const Request* first = nullptr;
-    for (int r = 0; r < size_ && first == nullptr; ++r) {
-      if (p.have[r]) first = &p.by_rank[r];
+    const Request& first = FirstRequest(p);
+    auto failed = failed_groups.find(first.group);
+    if (failed != failed_groups.end()) {
+      Response error;
+      error.name = name;
+      error.kind = first.kind;
+      error.error_code = StatusCode::kMismatch;
+      error.error = failed->second;
+      ready.push_back(std::move(error));
+    } else if (!first.group.empty() && complete_members[first.group] < first.group_size) {
+      continue;
+    } else {
+      ready.push_back(Decide(name, p, joined));
     }
-    if (!first->group.empty() && complete_members[first->group] < first->group_size) continue;
-    ready.push_back(Decide(name, p, joined));
     arrival_.erase(p.order);
     table_.erase(it);
   }
   return ready;
+}
+
+const Request& Coordinator::FirstRequest(const Pending& p) const {
+  for (int r = 0; r < size_; ++r) {
+    if (p.have[r]) return p.by_rank[r];
+  }
+  return p.by_rank[0];
 }
 
 Response Coordinator::Decide(const std::string& name, const Pending& p,
@@ -169,6 +215,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   if (response.is_error()) return response;
 
   response.cacheable = ResponseCache::Cacheable(first);
+  response.contributors = static_cast<int32_t>(ranks.size());
   if (kind == CollectiveKind::kAllgather) {
     response.first_dims.resize(size_);
     for (int r = 0; r < size_; ++r) response.first_dims[r] = p.by_rank[r].shape[0];

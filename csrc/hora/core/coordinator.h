@@ -22,8 +22,6 @@ class Coordinator {
   // submitted, in the order the tensors first arrived. Members of a group
   // come out together, once all of them are ready.
   std::vector<Response> TakeReady(const std::vector<bool>& joined);
-  // Names still waiting for some rank, with the ranks that have them.
-  size_t pending() const { return table_.size(); }
 
  private:
   struct Pending {
@@ -32,6 +30,7 @@ class Coordinator {
     int64_t order = 0;
   };
   bool IsComplete(const Pending& p, const std::vector<bool>& joined) const;
+  const Request& FirstRequest(const Pending& p) const;
   Response Decide(const std::string& name, const Pending& p, const std::vector<bool>& joined) const;
 
   int size_;

@@ -153,7 +153,7 @@ bool Engine::RunOneCycle() {
   CycleResult result;
   Status status = controller_.RunCycle(std::move(requests), shutdown, joined, &result);
   if (status.ok()) {
-    status = executor_.Run(result.responses, comm_->size() - result.joined_count);
+    status = executor_.Run(result.responses);
   }
   if (!status.ok()) {
     HORA_LOG(kError) << status.message();

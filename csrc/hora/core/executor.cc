@@ -9,7 +9,8 @@ namespace {
 
 bool SameAllreduce(const Response& a, const Response& b) {
   return b.kind == CollectiveKind::kAllreduce && !b.is_error() && a.dtype == b.dtype &&
-         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale;
+         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.contributors == b.contributors;
 }
 
 // What the transport reduces: half types are widened to float32.
@@ -22,23 +23,23 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-double PostFactor(const Response& r, int active_ranks) {
+double PostFactor(const Response& r) {
   double factor = r.postscale;
-  if (r.op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) factor /= active_ranks;
+  if (r.op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) factor /= r.contributors;
   return factor;
 }
 
 // Copies `count` wire-type elements at `src` to the caller's output,
 // applying the post-scale (and the integer Average division).
-void Unpack(const char* src, void* dst, int64_t count, const Response& r, int active_ranks) {
-  const double factor = PostFactor(r, active_ranks);
+void Unpack(const char* src, void* dst, int64_t count, const Response& r) {
+  const double factor = PostFactor(r);
   if (IsHalf(r.dtype)) {
     NarrowFromFloat(reinterpret_cast<const float*>(src), dst, count, r.dtype, factor);
   } else if (IsFloatingPoint(r.dtype)) {
     ScaleCopy(src, dst, count, r.dtype, factor);
   } else {
     if (src != dst) std::memcpy(dst, src, count * DataTypeSize(r.dtype));
-    if (r.op == ReduceOp::kAverage) DivideInPlace(dst, count, r.dtype, active_ranks);
+    if (r.op == ReduceOp::kAverage) DivideInPlace(dst, count, r.dtype, r.contributors);
   }
 }
 
@@ -69,7 +70,7 @@ size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) 
   return end;
 }
 
-Status Executor::Run(const std::vector<Response>& responses, int active_ranks) {
+Status Executor::Run(const std::vector<Response>& responses) {
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];
@@ -82,7 +83,7 @@ Status Executor::Run(const std::vector<Response>& responses, int active_ranks) {
     if (r.kind == CollectiveKind::kAllreduce) {
       const size_t end = FuseFrom(responses, i);
       std::vector<Response> batch(responses.begin() + i, responses.begin() + end);
-      HORA_RETURN_IF_ERROR(RunAllreduce(batch, active_ranks));
+      HORA_RETURN_IF_ERROR(RunAllreduce(batch));
       i = end;
       continue;
     }
@@ -109,7 +110,7 @@ Status Executor::Run(const std::vector<Response>& responses, int active_ranks) {
   return Status::OK();
 }
 
-Status Executor::RunAllreduce(const std::vector<Response>& batch, int active_ranks) {
+Status Executor::RunAllreduce(const std::vector<Response>& batch) {
   std::vector<TensorEntry> entries(batch.size());
   std::vector<bool> present(batch.size());
   for (size_t k = 0; k < batch.size(); ++k) {
@@ -130,7 +131,7 @@ Status Executor::RunAllreduce(const std::vector<Response>& batch, int active_ran
       send = nullptr;
     }
     status = comm_->Allreduce(send, e.output, count, head.dtype, head.op);
-    if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head, active_ranks);
+    if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
   } else {
     int64_t total = 0;
     for (const Response& r : batch) total += r.NumElements();
@@ -146,7 +147,7 @@ Status Executor::RunAllreduce(const std::vector<Response>& batch, int active_ran
     offset = 0;
     for (size_t k = 0; k < batch.size() && status.ok(); ++k) {
       const int64_t count = batch[k].NumElements();
-      if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k], active_ranks);
+      if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k]);
       offset += count;
     }
   }
@@ -229,7 +230,7 @@ Status Executor::RunReducescatter(const Response& r, TensorEntry& e) {
     recv = buffer + total * element;
   }
   HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, counts, wire, r.op));
-  Unpack(recv, e.work->output->data(), mine, r, size);
+  Unpack(recv, e.work->output->data(), mine, r);
   return Status::OK();
 }
 

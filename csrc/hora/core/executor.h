@@ -17,14 +17,13 @@ class Executor {
   Executor(Communicator* comm, TensorQueue* queue, const Config& config)
       : comm_(comm), queue_(queue), fusion_threshold_bytes_(config.fusion_threshold_bytes) {}
 
-  // `active_ranks` is the number of ranks contributing real data (the
-  // divisor for Average while some ranks have joined). A transport failure
-  // is returned after failing the affected Works; the engine then stops.
-  Status Run(const std::vector<Response>& responses, int active_ranks);
+  // A transport failure is returned after failing the affected Works; the
+  // engine then stops.
+  Status Run(const std::vector<Response>& responses);
 
  private:
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
-  Status RunAllreduce(const std::vector<Response>& batch, int active_ranks);
+  Status RunAllreduce(const std::vector<Response>& batch);
   Status RunAllgather(const Response& response, TensorEntry& entry);
   Status RunBroadcast(const Response& response, TensorEntry& entry);
   Status RunAlltoall(const Response& response, TensorEntry& entry);

@@ -159,6 +159,7 @@ void SerializeResponses(const std::vector<Response>& responses, std::string* out
     w.PutInts(r.first_dims);
     w.PutInts(r.splits);
     w.Put<uint8_t>(r.cacheable ? 1 : 0);
+    w.Put<int32_t>(r.contributors);
   }
 }
 
@@ -173,7 +174,7 @@ Status ParseResponses(const std::string& data, std::vector<Response>* out) {
     if (!rd.Get(&kind) || !rd.GetString(&r.name) || !rd.Get(&code) || !rd.GetString(&r.error) ||
         !rd.Get(&dtype) || !rd.Get(&op) || !rd.Get(&r.root) || !rd.Get(&r.prescale) ||
         !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.first_dims) ||
-        !rd.GetInts(&r.splits) || !rd.Get(&cacheable)) {
+        !rd.GetInts(&r.splits) || !rd.Get(&cacheable) || !rd.Get(&r.contributors)) {
       return Status::Internal("truncated response");
     }
     r.cacheable = cacheable != 0;

@@ -59,22 +59,30 @@ def _as_array(tensor, what):
 
 def _wire(array):
     """The array as the core sees it: NumPy has no native bfloat16, so an
-    ml_dtypes bfloat16 array travels as its uint16 bits plus a dtype tag."""
-    if array.dtype.name == "bfloat16":
-        return array.view(np.uint16), _BFLOAT16
+    ml_dtypes bfloat16 array travels as its 16 bits plus a dtype tag."""
+    dtype = getattr(array, "dtype", None)
+    if dtype is not None and dtype.name == "bfloat16":
+        return array.view(np.int16), _BFLOAT16
     return array, -1
+
+
+def _check_writable_array(tensor, what):
+    if not isinstance(tensor, np.ndarray) and not hasattr(tensor, "__dlpack__"):
+        raise TypeError(f"{what} writes its result into its input, which must be a writable "
+                        f"array, got {type(tensor).__name__}")
 
 
 class Handle:
     """A collective in flight. Pass it to :func:`poll` or :func:`synchronize`."""
 
-    __slots__ = ("_works", "_finish", "_result", "_done")
+    __slots__ = ("_works", "_finish", "_result", "_error", "_done")
 
     def __init__(self, works, finish):
         self._works = works
         self._finish = finish
         self._done = False
         self._result = None
+        self._error = None
 
     def _wait(self):
         if not self._done:
@@ -82,10 +90,15 @@ class Handle:
                 for work in self._works:
                     work.wait()
                 self._result = self._finish(self._works)
+            except BaseException as error:
+                self._error = error
+                raise
             finally:
                 for work in self._works:
                     work.release()
                 self._done = True
+        if self._error is not None:
+            raise self._error
         return self._result
 
 
@@ -101,16 +114,17 @@ def synchronize(handle):
 
 def _submit(kind, names, inputs, outputs=None, op=1, root=0, prescale=1.0, postscale=1.0,
             splits=None, grouped=False):
-    wire_inputs, dtype = [], -1
+    wire_inputs, dtypes = [], []
     for array in inputs:
         wire, dtype = _wire(array)
         wire_inputs.append(wire)
+        dtypes.append(dtype)
     wire_outputs = None
     if outputs is not None:
         wire_outputs = [w if o is i else _wire(o)[0]
                         for w, o, i in zip(wire_inputs, outputs, inputs)]
     return _C.submit(kind, names, wire_inputs, wire_outputs, op, root, float(prescale),
-                     float(postscale), splits, dtype, grouped)
+                     float(postscale), splits, dtypes, grouped)
 
 
 def _owned_result(dtype):
@@ -151,6 +165,7 @@ def allreduce_async_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``, which
     must be a writable contiguous array."""
     name = _check_name(name, "allreduce")
+    _check_writable_array(tensor, f"allreduce_ '{name}'")
     works = _submit(_KIND_ALLREDUCE, [name], [tensor], [tensor], _check_op(op), 0,
                     prescale_factor, postscale_factor)
     return Handle(works, _returns(tensor))
@@ -190,6 +205,8 @@ def grouped_allreduce_async_(tensors, name=None, op=ReduceOp.Average, prescale_f
     """In-place :func:`grouped_allreduce_async`."""
     tensors = list(tensors)
     names = _group_names(name, len(tensors), "grouped_allreduce")
+    for tensor, tensor_name in zip(tensors, names):
+        _check_writable_array(tensor, f"grouped_allreduce_ '{tensor_name}'")
     works = _submit(_KIND_ALLREDUCE, names, tensors, tensors, _check_op(op), 0, prescale_factor,
                     postscale_factor, grouped=True)
     return Handle(works, _returns(tensors))
@@ -234,6 +251,7 @@ def broadcast(tensor, root_rank, name=None):
 def broadcast_async_(tensor, root_rank, name=None):
     """In-place :func:`broadcast_async`."""
     name = _check_name(name, "broadcast")
+    _check_writable_array(tensor, f"broadcast_ '{name}'")
     works = _submit(_KIND_BROADCAST, [name], [tensor], [tensor], root=int(root_rank))
     return Handle(works, _returns(tensor))
 
