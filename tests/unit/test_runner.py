@@ -1,17 +1,15 @@
-"""Unit tests for the horarun launcher; none of them needs MPI or the compiled hora."""
+"""Unit tests for the horarun launcher."""
 import io
 import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hora.runner import cli, mpi_command, rank_exec
 from hora.runner.mpi_command import HYDRA, OPEN_MPI, MpiError
 
-PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 
 OPEN_MPI_5_VERSION = "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
 OPEN_MPI_4_VERSION = "mpirun (Open MPI) 4.1.2\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
@@ -215,7 +213,6 @@ def test_relay_keeps_draining_when_output_is_gone():
 def _rank_exec(args, extra_env):
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_", "PMI", "MPI_LOCAL", "HORA_", "HOROVOD_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
     env.update(extra_env)
     return subprocess.run(
         [sys.executable, "-m", "hora.runner.rank_exec", *args],

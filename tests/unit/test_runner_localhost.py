@@ -1,14 +1,12 @@
-"""Real horarun jobs on this machine. They need an mpirun but not the compiled hora."""
+"""Real horarun jobs on this machine, using the installed hora and its mpirun."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hora.runner import mpi_command
 
-PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 # A hung job must fail the test rather than the whole run.
 TIMEOUT_S = 120
 
@@ -24,8 +22,6 @@ def horarun(num_proc, script, extra_env=None):
     # inner mpirun starts a fresh job instead of joining the outer one.
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
-    # Run from the source tree, so no install is needed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
     env.update(extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "hora.runner", "-np", str(num_proc), sys.executable, "-c", script],
