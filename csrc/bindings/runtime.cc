@@ -88,6 +88,7 @@ py::dict BuildInfo() {
           ? std::string(loaded.dli_fname)
           : std::string();
   info["mpi_library"] = MpiCommunicator::LibraryVersion();
+  info["mpi_bin_dir"] = HORA_MPI_BIN_DIR;
   info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);
   info["nccl_built"] = static_cast<bool>(HORA_HAVE_NCCL);
   info["compiler"] = HORA_COMPILER;

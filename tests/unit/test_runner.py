@@ -60,6 +60,17 @@ def test_prefers_mpirun_beside_python(tmp_path):
     assert found == str(mpirun)
 
 
+def test_system_mpi_build_uses_its_own_mpirun(tmp_path):
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "system").mkdir()
+    python = _make_executable(tmp_path / "venv" / "python")
+    _make_executable(tmp_path / "venv" / "mpirun")
+    system_mpirun = _make_executable(tmp_path / "system" / "mpirun")
+    found = mpi_command.find_mpirun(executable=str(python), which=lambda name: None,
+                                    system_bin_dir=str(tmp_path / "system"))
+    assert found == str(system_mpirun)
+
+
 def test_falls_back_to_path(tmp_path):
     python = _make_executable(tmp_path / "python")
     found = mpi_command.find_mpirun(executable=str(python), which=lambda name: "/elsewhere/mpirun")

