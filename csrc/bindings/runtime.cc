@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <mpi.h>
 
 #include <mutex>
@@ -83,10 +84,13 @@ py::dict BuildInfo() {
   // Where libmpi was actually loaded from: for the PyPI wheel the build-time
   // prefix was a temporary build environment that no longer exists.
   Dl_info loaded{};
-  info["mpi_library_path"] =
-      dladdr(reinterpret_cast<void*>(&MPI_Init), &loaded) && loaded.dli_fname
-          ? std::string(loaded.dli_fname)
-          : std::string();
+  std::string library_path;
+  if (dladdr(reinterpret_cast<void*>(&MPI_Init), &loaded) && loaded.dli_fname) {
+    char* resolved = realpath(loaded.dli_fname, nullptr);
+    library_path = resolved ? resolved : loaded.dli_fname;
+    free(resolved);
+  }
+  info["mpi_library_path"] = library_path;
   info["mpi_library"] = MpiCommunicator::LibraryVersion();
   info["mpi_bin_dir"] = HORA_MPI_BIN_DIR;
   info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);

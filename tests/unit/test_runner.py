@@ -71,6 +71,15 @@ def test_system_mpi_build_uses_its_own_mpirun(tmp_path):
     assert found == str(system_mpirun)
 
 
+def test_user_install_finds_the_wheels_mpirun(tmp_path):
+    python = _make_executable(tmp_path / "python")
+    (tmp_path / "userbase").mkdir()
+    wheel_mpirun = _make_executable(tmp_path / "userbase" / "mpirun")
+    found = mpi_command.find_mpirun(executable=str(python), which=lambda name: None,
+                                    wheel_mpirun=str(wheel_mpirun))
+    assert found == str(wheel_mpirun)
+
+
 def test_falls_back_to_path(tmp_path):
     python = _make_executable(tmp_path / "python")
     found = mpi_command.find_mpirun(executable=str(python), which=lambda name: "/elsewhere/mpirun")

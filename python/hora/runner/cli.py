@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from hora.runner.mpi_command import (
-    MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun, query_flavour)
+    MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun, pypi_mpirun, query_flavour)
 
 
 def _positive_int(text):
@@ -75,7 +75,7 @@ def _forward_signals(child):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir())
+        mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir(), wheel_mpirun=pypi_mpirun())
         flavour = query_flavour(mpirun)
     except MpiError as exc:
         print(exc, file=sys.stderr)

