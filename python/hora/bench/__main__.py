@@ -1,0 +1,212 @@
+"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,idle}
+
+Run under the launcher, e.g.:
+    horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hora
+from hora.bench import implementations, resnet50
+from hora.bench.timing import iterations_for, percentile, timed
+
+# (busbw factor, check) per collective; factors follow nccl-tests with the
+# size column meaning bytes per rank's input.
+BUS_FACTORS = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "allgather": lambda n: n - 1,
+    "broadcast": lambda n: 1.0,
+    "reducescatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+}
+
+
+def log(message):
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(message, flush=True)
+
+
+def sizes(minimum, maximum):
+    size = minimum
+    while size <= maximum:
+        yield size
+        size *= 4 if size < 1 << 20 else 2
+
+
+def count_wrong(kind, impl, nbytes, comm):
+    """Runs the collective once on known data and counts wrong elements."""
+    n, rank = comm.Get_size(), comm.Get_rank()
+    count = max(n, nbytes // 4 // n * n) if kind in ("reducescatter", "alltoall") else max(1, nbytes // 4)
+    x = np.full(count, rank + 1, np.float32)
+    if kind == "allreduce":
+        impl.allreduce(x)
+        wrong = np.count_nonzero(x != n * (n + 1) / 2)
+    elif kind == "broadcast":
+        impl.broadcast(x)
+        wrong = np.count_nonzero(x != 1)
+    elif kind == "allgather":
+        result = impl.allgather(x)
+        parts = result if isinstance(result, list) else [result]
+        out = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+        expected = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+        wrong = np.count_nonzero(out != expected)
+    elif kind == "reducescatter":
+        out = np.asarray(impl.reducescatter(x))
+        wrong = np.count_nonzero(out != n * (n + 1) / 2)
+    else:
+        out = np.asarray(impl.alltoall(x))
+        expected = np.repeat(np.arange(1, n + 1, dtype=np.float32), count // n)
+        wrong = np.count_nonzero(out != expected)
+    return comm.allreduce(int(wrong), op=MPI.SUM)
+
+
+def run_sweep(args, comm):
+    impls = implementations.load(["hora"] + args.compare, log)
+    n = comm.Get_size()
+    rows = []
+    log(f"# {args.collective}, float32, {n} ranks; size = bytes per rank; busbw = algbw x "
+        f"{BUS_FACTORS[args.collective](n):.3g}")
+    log(f"# {'size':>11} {'count':>10} {'type':>7} {'impl':>8} {'time(us)':>11} "
+        f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        count = max(1, nbytes // 4)
+        if args.collective in ("reducescatter", "alltoall"):
+            count = max(n, count // n * n)
+        for impl in impls:
+            try:
+                wrong = count_wrong(args.collective, impl, nbytes, comm)
+            except NotImplementedError:
+                continue
+            buffer = np.zeros(count, np.float32)
+            call = getattr(impl, args.collective)
+            seconds = timed(lambda: call(buffer), iterations_for(nbytes), comm)
+            algbw = count * 4 / seconds / 1e9
+            busbw = algbw * BUS_FACTORS[args.collective](n)
+            rows.append({"collective": args.collective, "size": count * 4, "count": count,
+                         "impl": impl.name, "ranks": n, "time_us": seconds * 1e6,
+                         "algbw": algbw, "busbw": busbw, "wrong": wrong})
+            log(f"  {count * 4:>11} {count:>10} {'float':>7} {impl.name:>8} {seconds * 1e6:>11.1f} "
+                f"{algbw:>11.3f} {busbw:>11.3f} {wrong:>6}")
+    return rows
+
+
+def run_latency(args, comm):
+    impls = implementations.load(["hora"] + args.compare, log)
+    rows = []
+    log(f"# 8-byte allreduce round trip, {comm.Get_size()} ranks, {args.iterations} iterations")
+    for impl in impls:
+        x = np.zeros(2, np.float32)
+        for _ in range(50):
+            impl.allreduce(x)
+        samples = []
+        comm.Barrier()
+        for _ in range(args.iterations):
+            start = time.perf_counter()
+            impl.allreduce(x)
+            samples.append(time.perf_counter() - start)
+        p50 = comm.allreduce(percentile(samples, 50), op=MPI.MAX) * 1e6
+        p99 = comm.allreduce(percentile(samples, 99), op=MPI.MAX) * 1e6
+        rows.append({"impl": impl.name, "p50_us": p50, "p99_us": p99})
+        log(f"  {impl.name:>8}  p50 {p50:8.1f} us   p99 {p99:8.1f} us")
+    return rows
+
+
+def run_fusion(args, comm):
+    impls = implementations.load(["hora"] + args.compare, log)
+    shapes = resnet50.gradient_shapes()
+    buffers = [np.zeros(int(np.prod(s)), np.float32) for s in shapes]
+    total = sum(b.size for b in buffers)
+    concatenated = np.zeros(total, np.float32)
+    log(f"# ResNet-50 gradients: {len(shapes)} tensors, {total * 4 / 2**20:.1f} MiB, "
+        f"{comm.Get_size()} ranks")
+    rows = []
+    for impl in impls:
+        many = timed(lambda: impl.allreduce_async_many(buffers), args.iterations, comm)
+        one = timed(lambda: impl.allreduce(concatenated), args.iterations, comm)
+        rows.append({"impl": impl.name, "tensors_ms": many * 1e3, "concatenated_ms": one * 1e3,
+                     "ratio": many / one})
+        log(f"  {impl.name:>8}  {len(shapes)} tensors: {many * 1e3:8.2f} ms   one concatenated "
+            f"buffer: {one * 1e3:8.2f} ms   ratio {many / one:5.2f}")
+    return rows
+
+
+def run_idle(args, comm):
+    hora.allreduce(np.zeros(1, np.float32), name="bench.idle.warmup")
+    comm.Barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    time.sleep(args.seconds)
+    share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100
+    shares = comm.gather(share, root=0)
+    rows = [{"rank": r, "idle_cpu_percent": s} for r, s in enumerate(shares or [])]
+    for row in rows:
+        log(f"  rank {row['rank']}: {row['idle_cpu_percent']:.2f}% of a core while idle "
+            f"({args.seconds:.0f} s, whole process)")
+    return rows
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for impl in sorted({r["impl"] for r in rows}):
+        points = [(r["size"], r["busbw"]) for r in rows if r["impl"] == impl]
+        axis.plot(*zip(*points), marker="o", label=impl)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("bytes per rank")
+    axis.set_ylabel("bus bandwidth (GB/s)")
+    axis.set_title(f"{rows[0]['collective']}, {rows[0]['ranks']} ranks, float32")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "idle"])
+    parser.add_argument("--compare", default="mpi",
+                        help="comma-separated alternatives to run alongside hora: mpi, gloo, "
+                             "horovod (default: mpi; '' for none)")
+    parser.add_argument("--min-bytes", type=int, default=8)
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="latency: round trips (2000); fusion: repetitions (10)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="idle: how long to watch")
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--plot", help="sweeps: draw busbw against size into this PNG")
+    args = parser.parse_args(argv)
+    args.compare = [c for c in args.compare.split(",") if c and c != "hora"]
+    args.collective = args.benchmark
+
+    hora.init()
+    comm = MPI.COMM_WORLD
+    if args.benchmark == "latency":
+        args.iterations = args.iterations or 2000
+        rows = run_latency(args, comm)
+    elif args.benchmark == "fusion":
+        args.iterations = args.iterations or 10
+        rows = run_fusion(args, comm)
+    elif args.benchmark == "idle":
+        rows = run_idle(args, comm)
+    else:
+        rows = run_sweep(args, comm)
+    if comm.Get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"benchmark": args.benchmark, "ranks": comm.Get_size(), "rows": rows},
+                          f, indent=1)
+        if args.plot and args.benchmark in BUS_FACTORS:
+            plot(rows, args.plot)
+    hora.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

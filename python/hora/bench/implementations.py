@@ -1,0 +1,167 @@
+"""The implementations a benchmark can compare: each is an object with
+``name``, ``available`` (or a reason why not) and in-place collectives on a
+NumPy float32 buffer."""
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+import hora
+
+
+class Hora:
+    name = "hora"
+
+    def __init__(self):
+        self.reason = None
+
+    def allreduce(self, buffer):
+        hora.allreduce_(buffer, name="bench.allreduce", op=hora.Sum)
+
+    def allreduce_async_many(self, buffers):
+        handles = [hora.allreduce_async_(b, name=f"bench.many.{i}", op=hora.Sum)
+                   for i, b in enumerate(buffers)]
+        for handle in handles:
+            hora.synchronize(handle)
+
+    def allgather(self, buffer):
+        return hora.allgather(buffer, name="bench.allgather")
+
+    def broadcast(self, buffer):
+        hora.broadcast_(buffer, 0, name="bench.broadcast")
+
+    def reducescatter(self, buffer):
+        return hora.reducescatter(buffer, name="bench.reducescatter", op=hora.Sum)
+
+    def alltoall(self, buffer):
+        return hora.alltoall(buffer, name="bench.alltoall")[0]
+
+
+class Mpi:
+    """Raw MPI through mpi4py: the floor a user would otherwise write."""
+
+    name = "mpi"
+
+    def __init__(self):
+        self.reason = None
+        self.comm = MPI.COMM_WORLD
+
+    def allreduce(self, buffer):
+        self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+
+    def allreduce_async_many(self, buffers):
+        # What a user without an engine writes: one blocking call per tensor.
+        for b in buffers:
+            self.comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+
+    def allgather(self, buffer):
+        out = np.empty((self.comm.Get_size(),) + buffer.shape, buffer.dtype)
+        self.comm.Allgather(buffer, out)
+        return out
+
+    def broadcast(self, buffer):
+        self.comm.Bcast(buffer, root=0)
+
+    def reducescatter(self, buffer):
+        size = self.comm.Get_size()
+        out = np.empty(buffer.size // size, buffer.dtype)
+        self.comm.Reduce_scatter_block(buffer[:out.size * size], out, op=MPI.SUM)
+        return out
+
+    def alltoall(self, buffer):
+        out = np.empty_like(buffer)
+        self.comm.Alltoall(buffer, out)
+        return out
+
+
+class Gloo:
+    """torch.distributed with the gloo backend over loopback TCP."""
+
+    name = "gloo"
+
+    def __init__(self):
+        self.reason = None
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            self.reason = "torch is not installed"
+            return
+        comm = MPI.COMM_WORLD
+        port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+        self.torch, self.dist = torch, dist
+
+    def allreduce(self, buffer):
+        self.dist.all_reduce(self.torch.from_numpy(buffer))
+
+    def allreduce_async_many(self, buffers):
+        works = [self.dist.all_reduce(self.torch.from_numpy(b), async_op=True) for b in buffers]
+        for work in works:
+            work.wait()
+
+    def allgather(self, buffer):
+        tensor = self.torch.from_numpy(buffer)
+        out = [self.torch.empty_like(tensor) for _ in range(self.dist.get_world_size())]
+        self.dist.all_gather(out, tensor)
+        return out
+
+    def broadcast(self, buffer):
+        self.dist.broadcast(self.torch.from_numpy(buffer), 0)
+
+    def reducescatter(self, buffer):
+        raise NotImplementedError("gloo has no reduce_scatter on CPU")
+
+    def alltoall(self, buffer):
+        raise NotImplementedError("gloo has no all_to_all on CPU")
+
+
+class Horovod:
+    name = "horovod"
+
+    def __init__(self):
+        self.reason = None
+        try:
+            import horovod.torch as hvd  # noqa: F401
+        except ImportError:
+            self.reason = "horovod is not installed"
+            return
+        import torch
+        hvd.init()
+        self.hvd, self.torch = hvd, torch
+
+    def allreduce(self, buffer):
+        self.hvd.allreduce_(self.torch.from_numpy(buffer), name="bench.allreduce", op=self.hvd.Sum)
+
+    def allreduce_async_many(self, buffers):
+        handles = [self.hvd.allreduce_async_(self.torch.from_numpy(b), name=f"bench.many.{i}",
+                                             op=self.hvd.Sum) for i, b in enumerate(buffers)]
+        for handle in handles:
+            self.hvd.synchronize(handle)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+KNOWN = {"hora": Hora, "mpi": Mpi, "gloo": Gloo, "horovod": Horovod}
+
+
+def load(names, log):
+    """Instantiates the requested implementations, reporting the unavailable."""
+    result = []
+    for name in names:
+        if name not in KNOWN:
+            raise SystemExit(f"unknown implementation {name!r}; choose from {', '.join(KNOWN)}")
+        impl = KNOWN[name]()
+        if impl.reason:
+            log(f"# skipping {name}: {impl.reason}")
+        else:
+            result.append(impl)
+    return result
