@@ -62,6 +62,16 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       ReadDouble(Find(lookup, "HORA_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"), &result.cycle_time_ms));
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), 0,
                                &result.cache_capacity));
+  HORA_RETURN_IF_ERROR(
+      ReadInt(Find(lookup, "HORA_SHM_SLOT_BYTES", nullptr), 1, &result.shm_slot_bytes));
+  const Source algorithm = Find(lookup, "HORA_ALLREDUCE_ALGORITHM", nullptr);
+  if (algorithm.value != nullptr) {
+    result.allreduce_algorithm = algorithm.value;
+    if (result.allreduce_algorithm != "auto" && result.allreduce_algorithm != "shm" &&
+        result.allreduce_algorithm != "mpi") {
+      return Invalid(algorithm, "one of auto, shm, mpi");
+    }
+  }
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
   if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
     return Invalid(level, "one of trace, debug, info, warning, error, off");
@@ -77,7 +87,8 @@ Status Config::FromEnvironment(Config* config) {
 std::string Config::Describe() const {
   std::ostringstream text;
   text << "fusion_threshold_bytes=" << fusion_threshold_bytes
-       << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity;
+       << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
+       << " allreduce_algorithm=" << allreduce_algorithm << " shm_slot_bytes=" << shm_slot_bytes;
   return text.str();
 }
 

@@ -19,6 +19,12 @@ struct Config {
   double cycle_time_ms = 0.0;
   int64_t cache_capacity = 1024;
   LogLevel log_level = LogLevel::kWarning;
+  // Which allreduce runs inside one host: "auto" (currently MPI), "shm"
+  // (shared memory; every rank must be on one host) or "mpi". Forcing one
+  // lets the tests cover each path.
+  std::string allreduce_algorithm = "auto";
+  // Bytes of one shared-memory pipeline slot (two per rank).
+  int64_t shm_slot_bytes = 256 * 1024;
 
   // Reads the settings through `lookup` (getenv in production, a map in
   // tests). Returns an error naming the variable and its value when a value

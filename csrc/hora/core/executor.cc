@@ -57,6 +57,17 @@ void Pack(const TensorEntry* entry, char* dst, int64_t count, const Response& r)
 
 }  // namespace
 
+void Executor::UseSharedMemory(std::unique_ptr<ShmSegment> segment) {
+  shm_segment_ = std::move(segment);
+  shm_allreduce_.reset(new ShmAllreduce(shm_segment_.get(), comm_->rank(), comm_->size()));
+}
+
+Status Executor::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                           ReduceOp op) {
+  if (shm_allreduce_) return shm_allreduce_->Run(send, recv, count, dtype, op);
+  return comm_->Allreduce(send, recv, count, dtype, op);
+}
+
 size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) const {
   const Response& head = responses[first];
   int64_t bytes = head.NumElements() * DataTypeSize(WireType(head.dtype));
@@ -130,7 +141,7 @@ Status Executor::RunAllreduce(const std::vector<Response>& batch) {
     } else if (e.input.data == e.output) {
       send = nullptr;
     }
-    status = comm_->Allreduce(send, e.output, count, head.dtype, head.op);
+    status = Allreduce(send, e.output, count, head.dtype, head.op);
     if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
   } else {
     int64_t total = 0;
@@ -143,7 +154,7 @@ Status Executor::RunAllreduce(const std::vector<Response>& batch) {
       Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
       offset += count;
     }
-    status = comm_->Allreduce(nullptr, buffer, total, wire, head.op);
+    status = Allreduce(nullptr, buffer, total, wire, head.op);
     offset = 0;
     for (size_t k = 0; k < batch.size() && status.ok(); ++k) {
       const int64_t count = batch[k].NumElements();

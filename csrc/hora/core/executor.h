@@ -2,8 +2,10 @@
 // Runs the responses a cycle produced, in order, on this rank: fuses
 // adjacent compatible allreduces into one buffer, calls the communicator,
 // unpacks and scales, and completes each caller's Work.
+#include <memory>
 #include <vector>
 
+#include "hora/algo/shm_allreduce.h"
 #include "hora/comm/communicator.h"
 #include "hora/core/config.h"
 #include "hora/core/fusion_buffer.h"
@@ -20,8 +22,11 @@ class Executor {
   // A transport failure is returned after failing the affected Works; the
   // engine then stops.
   Status Run(const std::vector<Response>& responses);
+  // Reduces through this host's shared memory from now on.
+  void UseSharedMemory(std::unique_ptr<ShmSegment> segment);
 
  private:
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
   Status RunAllreduce(const std::vector<Response>& batch);
   Status RunAllgather(const Response& response, TensorEntry& entry);
@@ -33,6 +38,8 @@ class Executor {
   TensorQueue* queue_;
   int64_t fusion_threshold_bytes_;
   FusionBuffer fusion_buffer_;
+  std::unique_ptr<ShmSegment> shm_segment_;
+  std::unique_ptr<ShmAllreduce> shm_allreduce_;
 };
 
 }  // namespace hora
