@@ -1,0 +1,49 @@
+"""hora for PyTorch, a drop-in for ``horovod.torch``.
+
+``import hora.torch as hvd`` gives the runtime (``init``, ``rank``,
+``size``, ``local_rank``, ...), collectives on CPU ``torch.Tensor`` s
+(``allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
+``reducescatter`` and their grouped, in-place and async variants, several
+of them differentiable), ``DistributedOptimizer``, ``broadcast_parameters``,
+``broadcast_optimizer_state``, ``broadcast_object``, ``allgather_object``,
+``Compression`` and ``SyncBatchNorm``. Launch scripts with
+``horarun -np N python train.py`` (or ``python -m hora.runner``).
+"""
+
+from hora.common.basics import (
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
+    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+    nccl_built, rank, rocm_built, shutdown, size)
+from hora.common.exceptions import (
+    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError,
+    HoraTimeoutError)
+from hora.torch.compression import Compression, Compressor
+from hora.torch.functions import (
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+from hora.torch.mpi_ops import (
+    Handle, allgather, allgather_async, allreduce, allreduce_, allreduce_async, allreduce_async_,
+    alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
+    global_process_set, grouped_allgather, grouped_allgather_async, grouped_allreduce,
+    grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+    grouped_reducescatter_async, join, poll, reducescatter, reducescatter_async,
+    sparse_allreduce_async, synchronize)
+from hora.torch.optimizer import DistributedOptimizer
+from hora.torch.sync_batch_norm import SyncBatchNorm
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "Handle",
+    "HorovodInternalError", "HoraError", "HoraInternalError", "HoraMismatchError",
+    "HoraShutdownError", "HoraTimeoutError", "Max", "Min", "Product", "ReduceOp", "Sum",
+    "SyncBatchNorm", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "build_info", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
+    "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
+    "shutdown", "size", "sparse_allreduce_async", "synchronize",
+]

@@ -1,0 +1,193 @@
+"""autograd Functions of the differentiable collectives.
+
+The gradients are those of the sum over ranks of every rank's loss. Each
+backward pass is itself a collective, named after the forward collective
+when the user named it (matched by call order otherwise).
+"""
+
+import torch
+
+from hora.common.basics import ReduceOp, rank, size
+from hora.torch._collectives import (
+    Average, Handle, Max, Min, Sum, allgather_now, allreduce_now, grad_name, name_or_auto,
+    reducescatter_now, start_allgather, start_allreduce, start_alltoall, start_broadcast,
+    start_reducescatter, sub_name, synchronize)
+
+Product = ReduceOp.Product
+
+
+def selection_op(op, prescale):
+    # min(a * x) picks the largest x when a < 0
+    if prescale >= 0:
+        return op
+    return Max if op == Min else Min
+
+
+def product_of_others(x, name):
+    """For each element, the product of the other ranks' values."""
+    stacked = allgather_now(x.reshape((1,) + tuple(x.shape)), sub_name(name, "inputs")).clone()
+    stacked[rank()] = 1
+    return stacked.prod(dim=0)
+
+
+def allreduce_grad(grad, x, op, prescale, postscale, name):
+    if op in (Sum, Average):
+        return allreduce_now(grad, op, name, prescale, postscale)
+    total = allreduce_now(grad, Sum, sub_name(name, "sum"))
+    if op in (Min, Max):
+        chosen = allreduce_now(x, selection_op(op, prescale), sub_name(name, "chosen"))
+        mask = (x == chosen).to(grad.dtype)
+        count = allreduce_now(mask, Sum, sub_name(name, "count"))
+        return total * mask / count * (prescale * postscale)
+    if op == Product:
+        others = product_of_others(x, name).to(grad.dtype)
+        return total * others * (postscale * prescale ** size())
+    raise ValueError(f"allreduce: no gradient for op {op!r}")
+
+
+class AllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, named, op, prescale, postscale):
+        ctx.args = (name, named, op, prescale, postscale)
+        if op not in (Sum, Average):
+            ctx.save_for_backward(tensor)
+        works, outputs = start_allreduce([tensor], [name], op, prescale, postscale, False)
+        return synchronize(Handle(works, lambda ws: outputs[0]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        name, named, op, prescale, postscale = ctx.args
+        x = ctx.saved_tensors[0] if ctx.saved_tensors else None
+        result = allreduce_grad(grad, x, op, prescale, postscale,
+                                grad_name(name, named, "grad"))
+        return result, None, None, None, None, None
+
+
+class GroupedAllreduceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, named, op, prescale, postscale, *tensors):
+        ctx.args = (name, named, op, prescale, postscale)
+        if op not in (Sum, Average):
+            ctx.save_for_backward(*tensors)
+        names = [f"{name}.{i}" for i in range(len(tensors))]
+        works, outputs = start_allreduce(tensors, names, op, prescale, postscale, True)
+        return tuple(synchronize(Handle(works, lambda ws: outputs)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, named, op, prescale, postscale = ctx.args
+        base = name_or_auto(grad_name(name, named, "grad"), "grouped_allreduce")
+        if op in (Sum, Average):
+            names = [f"{base}.{i}" for i in range(len(grads))]
+            works, outputs = start_allreduce(grads, names, op, prescale, postscale, True)
+            result = synchronize(Handle(works, lambda ws: outputs))
+        else:
+            result = [allreduce_grad(g, x, op, prescale, postscale, f"{base}.{i}")
+                      for i, (g, x) in enumerate(zip(grads, ctx.saved_tensors))]
+        return (None,) * 5 + tuple(result)
+
+
+def allgather_grad(grads, rows, name):
+    """This rank's slices of the sums of the gathered gradients."""
+    base = name_or_auto(name, "grouped_allgather")
+    names = [f"{base}.{i}" for i in range(len(grads))]
+    counts_works, counts_finish = start_allgather(
+        [torch.tensor([rows], dtype=torch.int64)], [f"{base}.rows"])
+    works, outputs = start_allreduce(list(grads), names, Sum, 1.0, 1.0,
+                                     len(grads) > 1)
+    counts = synchronize(Handle(counts_works, lambda ws: counts_finish(ws)[0]))
+    totals = synchronize(Handle(works, lambda ws: outputs))
+    offsets = counts[:rank()].sum(dim=0)
+    return [total.narrow(0, int(offsets[i]), rows[i]) for i, total in enumerate(totals)]
+
+
+class AllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, named, grouped, *tensors):
+        ctx.args = (name, named, [int(t.shape[0]) if t.dim() else 0 for t in tensors])
+        names = [f"{name}.{i}" for i in range(len(tensors))] if grouped else [name]
+        works, finish = start_allgather(tensors, names, grouped=grouped)
+        return tuple(synchronize(Handle(works, finish)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, named, rows = ctx.args
+        return (None,) * 3 + tuple(allgather_grad(grads, rows, grad_name(name, named, "grad")))
+
+
+class BroadcastFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, named):
+        ctx.args = (root_rank, name, named)
+        return synchronize(Handle(*start_broadcast(tensor, root_rank, name)))
+
+    @staticmethod
+    def backward(ctx, grad):
+        root_rank, name, named = ctx.args
+        total = allreduce_now(grad, Sum, grad_name(name, named, "grad"))
+        if rank() != root_rank:
+            total.zero_()
+        return total, None, None, None
+
+
+class AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, named):
+        works, finish = start_alltoall(tensor, splits, name)
+        output, received = synchronize(Handle(works, finish))
+        ctx.args = (received.tolist(), name, named)
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _received_grad):
+        received, name, named = ctx.args
+        works, finish = start_alltoall(grad, received,
+                                       name_or_auto(grad_name(name, named, "grad"), "alltoall"))
+        return synchronize(Handle(works, finish))[0], None, None, None
+
+
+def reducescatter_grad(grad, x, op, prescale, postscale, name):
+    if op in (Sum, Average):
+        scale = prescale * postscale / (size() if op == Average else 1)
+        return allgather_now(grad, name) * scale
+    if op in (Min, Max):
+        chosen_block = reducescatter_now(x, selection_op(op, prescale), sub_name(name, "chosen"))
+        chosen = allgather_now(chosen_block, sub_name(name, "chosen_all"))
+        mask = (x == chosen).to(grad.dtype)
+        count = reducescatter_now(mask, Sum, sub_name(name, "count"))
+        share = allgather_now(grad / count, sub_name(name, "share"))
+        return share * mask * (prescale * postscale)
+    if op == Product:
+        others = product_of_others(x, name).to(grad.dtype)
+        total = allgather_now(grad, sub_name(name, "grad"))
+        return total * others * (postscale * prescale ** size())
+    raise ValueError(f"reducescatter: no gradient for op {op!r}")
+
+
+class ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, named, grouped, op, prescale, postscale, *tensors):
+        ctx.args = (name, named, op, prescale, postscale)
+        if op not in (Sum, Average):
+            ctx.save_for_backward(*tensors)
+        names = [f"{name}.{i}" for i in range(len(tensors))] if grouped else [name]
+        works, finish = start_reducescatter(tensors, names, op, prescale, postscale,
+                                            grouped=grouped)
+        return tuple(synchronize(Handle(works, finish)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        name, named, op, prescale, postscale = ctx.args
+        base = name_or_auto(grad_name(name, named, "grad"), "reducescatter")
+        if op in (Sum, Average) and len(grads) > 1:
+            scale = prescale * postscale / (size() if op == Average else 1)
+            names = [f"{base}.{i}" for i in range(len(grads))]
+            works, finish = start_allgather(list(grads), names, grouped=True)
+            result = [g * scale for g in synchronize(Handle(works, finish))]
+        else:
+            saved = ctx.saved_tensors or (None,) * len(grads)
+            result = [reducescatter_grad(g, x, op, prescale, postscale,
+                                         base if len(grads) == 1 else f"{base}.{i}")
+                      for i, (g, x) in enumerate(zip(grads, saved))]
+        return (None,) * 6 + tuple(result)

@@ -1,0 +1,227 @@
+"""Checks torch tensors and hands them to hora's core.
+
+Shared by the public collectives (``mpi_ops``), their gradients
+(``_autograd``), the optimizer, the broadcast helpers and SyncBatchNorm.
+The ``start_*`` functions submit already-checked tensors and return the
+core's works plus a function that builds the result from them; the
+``*_now`` shorthands wait for it.
+"""
+
+import math
+import warnings
+
+import torch
+
+from hora._loader import _C
+from hora.common import ops as _ops
+from hora.common.basics import ReduceOp
+
+Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+synchronize = _ops.synchronize
+Handle = _ops.Handle
+KIND_ALLREDUCE = _ops._KIND_ALLREDUCE
+KIND_BROADCAST = _ops._KIND_BROADCAST
+
+SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
+
+
+# --- argument checks ---------------------------------------------------------
+
+def check_process_set(process_set, what):
+    if process_set is not None:
+        raise ValueError(
+            f"{what}: hora has no process sets; every collective spans all ranks, so leave "
+            f"process_set at its default (None / hora.torch.global_process_set)")
+
+
+def check_tensor(tensor, what):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"{what}: the tensor is on device '{tensor.device}', but hora.torch handles CPU "
+            f"tensors only for now; move it with .cpu() first")
+    if tensor.layout != torch.strided:
+        raise ValueError(f"{what}: {tensor.layout} tensors are not supported; use a dense tensor "
+                         f"(.to_dense())")
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported; supported dtypes are "
+                        f"{names}")
+
+
+def check_tensors(tensors, what):
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"{what}: expected a list of tensors, got a single tensor")
+    tensors = list(tensors)
+    for i, tensor in enumerate(tensors):
+        check_tensor(tensor, f"{what} (tensor {i})")
+    return tensors
+
+
+def resolve_op(average, op, what):
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: pass either op or the deprecated average argument, not both")
+    if average is not None:
+        warnings.warn(f"{what}: the average argument is deprecated; use op=hora.torch.Average or "
+                      f"op=hora.torch.Sum", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    return check_op(op)
+
+
+def check_root(root_rank, what):
+    try:
+        return int(root_rank)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}") from None
+
+
+def check_op(op):
+    """``op`` as a ReduceOp; ``ValueError`` for an unknown one."""
+    return ReduceOp(_ops._check_op(op))
+
+
+def group_names(name, count, kind):
+    """Member names of a grouped collective (``name`` or an automatic one)."""
+    return _ops._group_names(name, count, kind)
+
+
+def splits_list(splits, what):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype == torch.bool:
+            raise TypeError(f"{what}: splits must hold integers, got {splits.dtype}")
+        return [int(s) for s in splits.reshape(-1).tolist()]
+    values = []
+    for s in splits:
+        if isinstance(s, bool) or int(s) != s:
+            raise TypeError(f"{what}: splits must hold integers, got {s!r}")
+        values.append(int(s))
+    return values
+
+
+# --- submission ----------------------------------------------------------------
+
+def _dense(t):
+    if t.numel() == 0:
+        # torch may give empty tensors any strides; the core wants row-major ones
+        return torch.empty(t.shape, dtype=t.dtype)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def as_input(tensor):
+    """The tensor as the core reads it: detached (DLPack refuses tensors
+    that require grad) and contiguous."""
+    return _dense(tensor.detach())
+
+
+def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, postscale=1.0,
+           splits=None, grouped=False):
+    return _C.submit(kind, list(names), list(inputs), None if outputs is None else list(outputs),
+                     int(op), int(root), float(prescale), float(postscale), splits, [], grouped)
+
+
+def owned_result(work, dtype):
+    """The core-allocated result of an allgather/alltoall/reducescatter."""
+    shape = tuple(int(d) for d in work.output_shape)
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(work.result_buffer(), dtype=dtype).reshape(shape)
+
+
+def start_allreduce(tensors, names, op, prescale, postscale, grouped):
+    inputs = [as_input(t) for t in tensors]
+    outputs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs]
+    works = submit(KIND_ALLREDUCE, names, inputs, outputs, op, 0, prescale, postscale,
+                   grouped=grouped)
+    return works, outputs
+
+
+def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=1.0,
+                  grouped=False):
+    """Submits an in-place collective; returns (works, finish) where finish
+    copies results back into tensors that had to be made contiguous."""
+    buffers, copy_back = [], []
+    for tensor in tensors:
+        t = tensor.detach()
+        buffers.append(_dense(t))
+        if buffers[-1] is not t and t.numel():
+            copy_back.append((t, buffers[-1]))
+    works = submit(kind, names, buffers, buffers, op, root, prescale, postscale, grouped=grouped)
+
+    def finish():
+        for target, buffer in copy_back:
+            target.copy_(buffer)
+    return works, finish
+
+
+def start_broadcast(tensor, root_rank, name):
+    x = as_input(tensor)
+    out = torch.empty_like(x)
+    works = submit(KIND_BROADCAST, [name], [x], [out], root=root_rank)
+    return works, lambda ws: out
+
+
+def start_allgather(tensors, names, grouped=False):
+    inputs = [as_input(t) for t in tensors]
+    dtypes = [x.dtype for x in inputs]
+    works = submit(_ops._KIND_ALLGATHER, names, inputs, grouped=grouped)
+    return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
+
+
+def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False):
+    inputs = [as_input(t) for t in tensors]
+    dtypes = [x.dtype for x in inputs]
+    works = submit(_ops._KIND_REDUCESCATTER, names, inputs, op=op, prescale=prescale,
+                   postscale=postscale, grouped=grouped)
+    return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
+
+
+def start_alltoall(tensor, splits, name):
+    x = as_input(tensor)
+    works = submit(_ops._KIND_ALLTOALL, [name], [x], splits=splits)
+
+    def finish(ws):
+        received = torch.tensor([int(s) for s in ws[0].received_splits], dtype=torch.int32)
+        return owned_result(ws[0], x.dtype), received
+    return works, finish
+
+
+def name_or_auto(name, kind):
+    return _ops._check_name(name, kind)
+
+
+def grad_name(name, named, suffix):
+    """Name of a collective run by a backward pass: derived from the forward
+    name when the user gave one, matched by call order otherwise."""
+    return f"{name}.{suffix}" if named else None
+
+
+# Shorthands used by the backward passes (already-validated tensors).
+
+def allreduce_now(tensor, op=Sum, name=None, prescale=1.0, postscale=1.0):
+    works, outputs = start_allreduce([tensor], [name_or_auto(name, "allreduce")], op, prescale,
+                                     postscale, False)
+    return synchronize(Handle(works, lambda ws: outputs[0]))
+
+
+def allgather_now(tensor, name=None):
+    works, finish = start_allgather([tensor], [name_or_auto(name, "allgather")])
+    return synchronize(Handle(works, lambda ws: finish(ws)[0]))
+
+
+def reducescatter_now(tensor, op=Sum, name=None):
+    works, finish = start_reducescatter([tensor], [name_or_auto(name, "reducescatter")], op,
+                                        1.0, 1.0)
+    return synchronize(Handle(works, lambda ws: finish(ws)[0]))
+
+
+def sub_name(name, suffix):
+    return None if name is None else f"{name}.{suffix}"

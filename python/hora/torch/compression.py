@@ -1,0 +1,85 @@
+"""Gradient compression applied around a collective.
+
+A compressor turns a tensor into the form that travels between ranks and
+back. ``Compression.none`` sends tensors as they are; ``Compression.fp16``
+and ``Compression.bf16`` send floating-point tensors as 16-bit floats (the
+reduction itself accumulates in float32 in the core) and restore the
+original dtype afterwards. Non-floating-point tensors pass through
+unchanged.
+"""
+
+import torch
+
+
+class Compressor:
+    """Interface of a compressor: both methods are static, so the class
+    itself (not an instance) is what gets passed around, as in Horovod."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns ``(compressed_tensor, context)``; ``context`` is whatever
+        :meth:`decompress` needs to restore the original."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Restores a tensor produced by :meth:`compress` (after the
+        collective) using the ``ctx`` that ``compress`` returned."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Leaves tensors untouched (``compress`` returns the same object)."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns ``(tensor, None)``."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Returns ``tensor``."""
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    wire_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
+        """Casts a floating-point ``tensor`` to the wire dtype; the context is
+        the original dtype. Other dtypes are returned as they are."""
+        dtype = tensor.dtype
+        if dtype.is_floating_point and dtype != cls.wire_dtype:
+            return tensor.to(cls.wire_dtype), dtype
+        return tensor, dtype
+
+    @classmethod
+    def decompress(cls, tensor, ctx):
+        """Casts back to the dtype recorded by :meth:`compress`."""
+        if ctx is not None and tensor.dtype != ctx:
+            return tensor.to(ctx)
+        return tensor
+
+
+class FP16Compressor(_CastCompressor):
+    """Sends floating-point tensors as ``torch.float16``. Values beyond
+    float16's range (about 65504) overflow to infinity; scale first if needed."""
+
+    wire_dtype = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Sends floating-point tensors as ``torch.bfloat16`` (float32's range,
+    8 bits of mantissa)."""
+
+    wire_dtype = torch.bfloat16
+
+
+class Compression:
+    """The available compressors: ``Compression.none``, ``Compression.fp16``
+    and ``Compression.bf16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor

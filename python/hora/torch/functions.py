@@ -1,0 +1,195 @@
+"""Broadcasting model parameters, optimizer state and Python objects."""
+
+import collections.abc
+
+import torch
+
+from hora.common import ops as _ops
+from hora.common.basics import rank
+from hora.torch import mpi_ops
+from hora.torch._collectives import check_process_set, check_root, check_tensor
+from hora.torch.optimizer import _local_step
+
+
+def broadcast_parameters(params, root_rank, process_set=None):
+    """Overwrites every rank's tensors with ``root_rank``'s, in place.
+
+    ``params`` is a dict of name -> tensor (``model.state_dict()``; entries
+    are broadcast in sorted key order) or an iterable of tensors or of
+    ``(name, tensor)`` pairs (``model.parameters()``,
+    ``model.named_parameters()``). Every rank must pass the same names,
+    shapes and dtypes in the same order. Raises ``ValueError`` for another
+    kind of ``params``, repeated names or a process set, ``TypeError`` for an
+    entry that is not a tensor, :class:`hora.HoraMismatchError` when ranks
+    disagree.
+    """
+    check_process_set(process_set, "broadcast_parameters")
+    root_rank = check_root(root_rank, "broadcast_parameters")
+    if isinstance(params, collections.abc.Mapping):
+        entries = sorted(params.items(), key=lambda item: str(item[0]))
+    elif isinstance(params, collections.abc.Iterable) and not isinstance(params, torch.Tensor):
+        entries = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"broadcast_parameters: params must be a dict (a state_dict) or a list "
+                         f"of tensors or (name, tensor) pairs, got {type(params).__name__}")
+    names = [str(name) for name, _ in entries if name is not None]
+    if len(set(names)) != len(names):
+        raise ValueError("broadcast_parameters: parameter names are repeated")
+    for name, tensor in entries:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: '{name}' is a {type(tensor).__name__}, "
+                            f"not a tensor")
+        check_tensor(tensor, f"broadcast_parameters '{name}'")
+    handles = [mpi_ops.broadcast_async_(tensor, root_rank,
+                                        None if name is None else f"broadcast_parameters.{name}")
+               for name, tensor in entries]
+    _wait_all(handles)
+
+
+def _wait_all(handles):
+    error = None
+    for handle in handles:
+        try:
+            mpi_ops.synchronize(handle)
+        except BaseException as caught:  # wait for the others before raising
+            if error is None:
+                error = caught
+    if error is not None:
+        raise error
+
+
+def _options(group):
+    return {key: value for key, value in group.items() if key not in ("params", "param_names")}
+
+
+def _describe(optimizer):
+    """The root's optimizer as plain data: each group's options, and for each
+    parameter its state entries (tensors as shape/dtype, others as values)."""
+    groups = []
+    for group in optimizer.param_groups:
+        entries = []
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state:
+                entries.append(None)
+                continue
+            entries.append({key: ("tensor", tuple(value.shape), value.dtype)
+                            if isinstance(value, torch.Tensor) else ("value", value)
+                            for key, value in state.items()})
+        groups.append((_options(group), entries))
+    return groups
+
+
+def _initialize_state(optimizer):
+    """Creates lazily built state the way Horovod does: one step with zero
+    gradients. Parameters and gradients are restored afterwards, so options
+    such as weight decay do not move the parameters."""
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                saved.append((p, p.detach().clone(), p.grad))
+                p.grad = torch.zeros_like(p)
+    try:
+        _local_step(optimizer)
+    finally:
+        with torch.no_grad():
+            for p, data, grad in saved:
+                p.copy_(data)
+                p.grad = grad
+
+
+def _fit_state(optimizer, description):
+    """Makes this rank's state hold the root's entries (values still to be
+    broadcast for tensors) and its groups the root's options."""
+    for group, (options, entries) in zip(optimizer.param_groups, description):
+        group.update(options)
+        for p, entry in zip(group["params"], entries):
+            if entry is None:
+                optimizer.state.pop(p, None)
+                continue
+            state = optimizer.state[p]
+            for key in [k for k in state if k not in entry]:
+                del state[key]
+            for key, spec in entry.items():
+                if spec[0] == "value":
+                    state[key] = spec[1]
+                    continue
+                _, shape, dtype = spec
+                current = state.get(key)
+                if (not isinstance(current, torch.Tensor) or tuple(current.shape) != shape
+                        or current.dtype != dtype or current.device.type != "cpu"):
+                    state[key] = torch.zeros(shape, dtype=dtype)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
+    """Makes every rank's optimizer state and hyper-parameters equal to
+    ``root_rank``'s.
+
+    Works on a plain torch optimizer or a :func:`DistributedOptimizer`.
+    Scalar hyper-parameters (``lr``, ``momentum``, ``betas``, ...) of every
+    parameter group and per-parameter state (tensors such as momentum
+    buffers and Adam moments, and plain values) are taken from the root.
+    When the root has state but this rank has none yet (optimizers create it
+    lazily on the first step), it is first created as Horovod does, by one
+    step with zero gradients (parameters are left untouched), and then
+    overwritten with the root's. When the root has no state yet, nothing but
+    the hyper-parameters is sent: the state will then be created identically
+    on every rank by the first step. Every rank must hold the same
+    parameters in the same groups. Raises ``ValueError`` for
+    ``torch.optim.LBFGS`` (its state is not per-parameter), for a process set,
+    or (on every rank) when the ranks' parameter groups differ in layout.
+    """
+    check_process_set(process_set, "broadcast_optimizer_state")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("broadcast_optimizer_state: cannot broadcast torch.optim.LBFGS state")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    root_rank = check_root(root_rank, "broadcast_optimizer_state")
+    is_root = rank() == root_rank
+    description = _ops.broadcast_object(_describe(optimizer) if is_root else None, root_rank,
+                                        name="broadcast_optimizer_state.layout")
+    layout = [len(group["params"]) for group in optimizer.param_groups]
+    root_layout = [len(entries) for _, entries in description]
+    problem = None
+    if layout != root_layout:
+        problem = (f"rank {rank()} has parameter groups of sizes {layout} but root rank "
+                   f"{root_rank} has {root_layout}")
+    problems = [p for p in _ops.allgather_object(problem, name="broadcast_optimizer_state.check")
+                if p is not None]
+    if problems:
+        raise ValueError("broadcast_optimizer_state: " + "; ".join(problems))
+
+    if not is_root:
+        root_has_state = any(entry is not None for _, entries in description for entry in entries)
+        if root_has_state and not any(optimizer.state.get(p) for group in optimizer.param_groups
+                                      for p in group["params"]):
+            _initialize_state(optimizer)
+        _fit_state(optimizer, description)
+
+    handles = []
+    for i, (group, (_, entries)) in enumerate(zip(optimizer.param_groups, description)):
+        for j, (p, entry) in enumerate(zip(group["params"], entries)):
+            if entry is None:
+                continue
+            state = optimizer.state[p]
+            for key, spec in entry.items():
+                if spec[0] == "tensor":
+                    handles.append(mpi_ops.broadcast_async_(
+                        state[key], root_rank, name=f"broadcast_optimizer_state.{i}.{j}.{key}"))
+    _wait_all(handles)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (the root gets
+    its own object back). Raises ``ValueError`` for a process set."""
+    check_process_set(process_set, "broadcast_object")
+    return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Returns the list of every rank's picklable ``obj``, in rank order.
+    Raises ``ValueError`` for a process set."""
+    check_process_set(process_set, "allgather_object")
+    return _ops.allgather_object(obj, name)

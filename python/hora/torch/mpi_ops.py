@@ -1,0 +1,390 @@
+"""Collectives on ``torch.Tensor`` with Horovod's names and semantics.
+
+Every function here is collective: all ranks must call it, with matching
+names (unnamed calls are matched by call order). Tensors must live on the
+CPU; non-contiguous tensors are copied (the in-place variants copy the
+result back). Argument errors raise ``ValueError``/``TypeError`` at once;
+ranks that disagree about a collective (shape, dtype, op, ...) get
+:class:`hora.HoraMismatchError` on every rank.
+
+The synchronous ``allreduce``, ``grouped_allreduce``, ``allgather``,
+``grouped_allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and
+``grouped_reducescatter`` are differentiable. Gradients are those of the sum
+over ranks of each rank's loss: the gradient of an allreduce is the same
+allreduce of the incoming gradients, that of an allgather is this rank's
+slice of the sum of the gradients, that of a broadcast is the summed
+gradient on the root (zero elsewhere), and so on. Their backward passes are
+collectives too, so every rank must run backward through them.
+"""
+
+import torch
+
+from hora.common import ops as _ops
+from hora.common.basics import ReduceOp, size
+from hora.torch._autograd import (
+    AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
+    GroupedAllreduceFunction, ReducescatterFunction)
+from hora.torch._collectives import (
+    KIND_ALLREDUCE, KIND_BROADCAST, check_op, check_process_set, check_root, check_tensor,
+    check_tensors, group_names, name_or_auto, resolve_op, splits_list, start_allgather,
+    start_allreduce, start_alltoall, start_broadcast, start_inplace, start_reducescatter)
+from hora.torch.compression import Compression
+
+Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Adasum = ReduceOp.Adasum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+poll = _ops.poll
+synchronize = _ops.synchronize
+Handle = _ops.Handle
+
+# hora runs every collective over all ranks. Code written against Horovod
+# that passes ``process_set=hvd.global_process_set`` keeps working.
+global_process_set = None
+
+
+# --- allreduce ---------------------------------------------------------------
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    """Starts an allreduce of ``tensor`` and returns a handle for :func:`poll`
+    / :func:`synchronize`; ``synchronize`` returns a new tensor with the
+    reduction. ``op`` defaults to Average (``average`` is the deprecated
+    spelling: True means Average, False Sum). Raises ``ValueError`` for a
+    non-CPU tensor, an unknown or unsupported op (Adasum) or a process set,
+    ``TypeError`` for an unsupported dtype. Not differentiable."""
+    check_process_set(process_set, "allreduce_async")
+    op = resolve_op(average, op, "allreduce_async")
+    check_tensor(tensor, "allreduce_async")
+    works, outputs = start_allreduce([tensor], [name_or_auto(name, "allreduce")], op,
+                                     prescale_factor, postscale_factor, False)
+    return Handle(works, lambda ws: outputs[0])
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """Returns a new tensor holding the reduction of ``tensor`` over all ranks.
+
+    ``op`` is one of Sum, Average (the default), Min, Max, Product;
+    ``prescale_factor`` multiplies the input and ``postscale_factor`` the
+    result (floating-point tensors only). ``compression`` (default
+    ``Compression.none``) casts the tensor for the wire and back.
+    float16/bfloat16 accumulate in float32. Differentiable: the gradient is
+    the same allreduce of the incoming gradients (for Min/Max it flows to
+    the ranks holding the extreme, shared equally on ties; for Product to
+    every rank as the product of the others). Raises ``ValueError`` for a
+    non-CPU tensor, a bad op or a process set, ``TypeError`` for an
+    unsupported dtype, :class:`hora.HoraMismatchError` when ranks disagree."""
+    check_process_set(process_set, "allreduce")
+    op = resolve_op(average, op, "allreduce")
+    check_tensor(tensor, "allreduce")
+    compressed, ctx = compression.compress(tensor)
+    named = name is not None
+    name = name_or_auto(name, "allreduce")
+    reduced = AllreduceFunction.apply(compressed, name, named, op, float(prescale_factor),
+                                      float(postscale_factor))
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None):
+    """In-place :func:`allreduce_async`: the result overwrites ``tensor``;
+    ``synchronize`` returns ``tensor``. Same defaults and errors."""
+    check_process_set(process_set, "allreduce_async_")
+    op = resolve_op(average, op, "allreduce_async_")
+    check_tensor(tensor, "allreduce_async_")
+    works, finish = start_inplace(KIND_ALLREDUCE, [tensor], [name_or_auto(name, "allreduce")],
+                                  op, 0, prescale_factor, postscale_factor)
+    return Handle(works, lambda ws: (finish(), tensor)[1])
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
+    """In-place :func:`allreduce` (not differentiable); returns ``tensor``."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+# --- grouped allreduce ---------------------------------------------------------
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None):
+    """Starts an allreduce of a list of tensors negotiated and fused as one
+    unit; ``synchronize`` returns a list of new tensors. Defaults and errors
+    as :func:`allreduce_async`; not differentiable."""
+    check_process_set(process_set, "grouped_allreduce_async")
+    op = resolve_op(average, op, "grouped_allreduce_async")
+    tensors = check_tensors(tensors, "grouped_allreduce_async")
+    names = group_names(name, len(tensors), "grouped_allreduce")
+    works, outputs = start_allreduce(tensors, names, op, prescale_factor, postscale_factor, True)
+    return Handle(works, lambda ws: outputs)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """Allreduce of a list of tensors as one fused unit; returns a list of new
+    tensors. Defaults, errors and gradients as :func:`allreduce`."""
+    check_process_set(process_set, "grouped_allreduce")
+    op = resolve_op(average, op, "grouped_allreduce")
+    tensors = check_tensors(tensors, "grouped_allreduce")
+    if not tensors:
+        return []
+    compressed = [compression.compress(t) for t in tensors]
+    named = name is not None
+    name = name_or_auto(name, "grouped_allreduce")
+    outputs = GroupedAllreduceFunction.apply(name, named, op, float(prescale_factor),
+                                             float(postscale_factor), *[c for c, _ in compressed])
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outputs, compressed)]
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):
+    """In-place :func:`grouped_allreduce_async`; ``synchronize`` returns the
+    list of input tensors, now holding the results."""
+    check_process_set(process_set, "grouped_allreduce_async_")
+    op = resolve_op(average, op, "grouped_allreduce_async_")
+    tensors = check_tensors(tensors, "grouped_allreduce_async_")
+    names = group_names(name, len(tensors), "grouped_allreduce")
+    works, finish = start_inplace(KIND_ALLREDUCE, tensors, names, op, 0, prescale_factor,
+                                  postscale_factor, grouped=True)
+    return Handle(works, lambda ws: (finish(), tensors)[1])
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None):
+    """In-place :func:`grouped_allreduce` (not differentiable); returns the
+    list of tensors."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+    """Starts a reduction of a sparse COO ``tensor`` by gathering every rank's
+    indices and values; ``synchronize`` returns a coalesced sparse tensor.
+    ``op`` must be Average (default) or Sum, else ``ValueError``. All ranks
+    must pass sparse tensors of the same size."""
+    check_process_set(process_set, "sparse_allreduce_async")
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError("sparse_allreduce_async: expected a sparse COO torch.Tensor")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"sparse_allreduce_async: the tensor is on device '{tensor.device}', "
+                         f"but hora.torch handles CPU tensors only for now")
+    op = check_op(op)
+    if op not in (Average, Sum):
+        raise ValueError(f"sparse_allreduce_async: op must be Average or Sum, got {op.name}")
+    t = tensor.detach().coalesce()
+    base = name_or_auto(name, "sparse_allreduce")
+    indices, values = t.indices().t(), t.values()
+    check_tensor(values, "sparse_allreduce_async (values)")
+    works, gather = start_allgather([indices, values], [f"{base}.indices", f"{base}.values"])
+    shape = t.shape
+
+    def finish(ws):
+        all_indices, all_values = gather(ws)
+        if op == Average:
+            all_values = all_values / size()
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, shape,
+                                       check_invariants=False).coalesce()
+    return Handle(works, finish)
+
+
+# --- allgather -----------------------------------------------------------------
+
+def allgather_async(tensor, name=None, process_set=None):
+    """Starts an allgather; ``synchronize`` returns the concatenation of every
+    rank's ``tensor`` along the first dimension. Not differentiable."""
+    check_process_set(process_set, "allgather_async")
+    check_tensor(tensor, "allgather_async")
+    works, finish = start_allgather([tensor], [name_or_auto(name, "allgather")])
+    return Handle(works, lambda ws: finish(ws)[0])
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Returns every rank's ``tensor`` concatenated along the first dimension,
+    in rank order. The first dimension may differ between ranks; the others
+    and the dtype must match (else :class:`hora.HoraMismatchError`). A 0-d
+    tensor raises ``ValueError``. Differentiable: the gradient is this rank's
+    slice of the sum over ranks of the incoming gradients."""
+    check_process_set(process_set, "allgather")
+    check_tensor(tensor, "allgather")
+    named = name is not None
+    return AllgatherFunction.apply(name_or_auto(name, "allgather"), named, False, tensor)[0]
+
+
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    """Starts an allgather of a list of tensors as one unit; ``synchronize``
+    returns a list of gathered tensors. Not differentiable."""
+    check_process_set(process_set, "grouped_allgather_async")
+    tensors = check_tensors(tensors, "grouped_allgather_async")
+    names = group_names(name, len(tensors), "grouped_allgather")
+    works, finish = start_allgather(tensors, names, grouped=True)
+    return Handle(works, finish)
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """:func:`allgather` of each tensor in a list, negotiated as one unit;
+    returns a list. Differentiable like :func:`allgather`."""
+    check_process_set(process_set, "grouped_allgather")
+    tensors = check_tensors(tensors, "grouped_allgather")
+    if not tensors:
+        return []
+    named = name is not None
+    name = name_or_auto(name, "grouped_allgather")
+    return list(AllgatherFunction.apply(name, named, True, *tensors))
+
+
+# --- broadcast -----------------------------------------------------------------
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Starts a broadcast of ``root_rank``'s ``tensor``; ``synchronize``
+    returns a new tensor with the root's values. Raises ``ValueError`` for a
+    root out of range; not differentiable."""
+    check_process_set(process_set, "broadcast_async")
+    check_tensor(tensor, "broadcast_async")
+    root_rank = check_root(root_rank, "broadcast_async")
+    return Handle(*start_broadcast(tensor, root_rank, name_or_auto(name, "broadcast")))
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """Returns a new tensor holding ``root_rank``'s ``tensor`` on every rank
+    (shapes and dtypes must match across ranks). Differentiable: the root's
+    gradient is the sum of every rank's incoming gradient, the other ranks'
+    is zero. Raises ``ValueError`` for a root out of range."""
+    check_process_set(process_set, "broadcast")
+    check_tensor(tensor, "broadcast")
+    root_rank = check_root(root_rank, "broadcast")
+    named = name is not None
+    return BroadcastFunction.apply(tensor, root_rank, name_or_auto(name, "broadcast"), named)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """In-place :func:`broadcast_async`; ``synchronize`` returns ``tensor``,
+    overwritten with the root's values."""
+    check_process_set(process_set, "broadcast_async_")
+    check_tensor(tensor, "broadcast_async_")
+    root_rank = check_root(root_rank, "broadcast_async_")
+    works, finish = start_inplace(KIND_BROADCAST, [tensor], [name_or_auto(name, "broadcast")],
+                                  root=root_rank)
+    return Handle(works, lambda ws: (finish(), tensor)[1])
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """Overwrites ``tensor`` with ``root_rank``'s values and returns it (not
+    differentiable)."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# --- alltoall ------------------------------------------------------------------
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Starts an alltoall; ``synchronize`` returns ``(output,
+    received_splits)`` (see :func:`alltoall`). Not differentiable."""
+    check_process_set(process_set, "alltoall_async")
+    check_tensor(tensor, "alltoall_async")
+    splits = splits_list(splits, "alltoall_async")
+    works, finish = start_alltoall(tensor, splits, name_or_auto(name, "alltoall"))
+    return Handle(works, finish)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r``; the
+    output is the rows received from every rank, concatenated in rank order.
+    Without ``splits`` the first dimension is divided evenly (``ValueError``
+    if it does not divide) and only the output is returned; with ``splits``
+    (a list or integer tensor of ``size()`` entries summing to the first
+    dimension, else ``ValueError``) returns ``(output, received_splits)``,
+    the latter an int32 tensor. Differentiable with respect to ``tensor``:
+    gradients travel back by the reverse alltoall."""
+    check_process_set(process_set, "alltoall")
+    check_tensor(tensor, "alltoall")
+    given = splits is not None
+    splits = splits_list(splits, "alltoall")
+    named = name is not None
+    output, received = AlltoallFunction.apply(tensor, splits, name_or_auto(name, "alltoall"), named)
+    return (output, received) if given else output
+
+
+# --- reducescatter -------------------------------------------------------------
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reducescatter; ``synchronize`` returns this rank's block of
+    the reduction (see :func:`reducescatter`). Not differentiable."""
+    check_process_set(process_set, "reducescatter_async")
+    check_tensor(tensor, "reducescatter_async")
+    op = check_op(op)
+    works, finish = start_reducescatter([tensor], [name_or_auto(name, "reducescatter")], op,
+                                        prescale_factor, postscale_factor)
+    return Handle(works, lambda ws: finish(ws)[0])
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` over all ranks with ``op`` (Average by default) and
+    returns this rank's block of rows; when the first dimension does not
+    divide by ``size()`` the first ``rows % size()`` ranks get one extra row.
+    A 0-d tensor raises ``ValueError``. Differentiable: the gradient is the
+    allgather of the incoming gradients (scaled for Average and the scale
+    factors)."""
+    check_process_set(process_set, "reducescatter")
+    check_tensor(tensor, "reducescatter")
+    op = check_op(op)
+    compressed, ctx = compression.compress(tensor)
+    named = name is not None
+    out = ReducescatterFunction.apply(name_or_auto(name, "reducescatter"), named, False, op,
+                                      float(prescale_factor), float(postscale_factor),
+                                      compressed)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter of a list of tensors as one unit; ``synchronize``
+    returns a list of blocks. Not differentiable."""
+    check_process_set(process_set, "grouped_reducescatter_async")
+    tensors = check_tensors(tensors, "grouped_reducescatter_async")
+    op = check_op(op)
+    names = group_names(name, len(tensors), "grouped_reducescatter")
+    works, finish = start_reducescatter(tensors, names, op, prescale_factor, postscale_factor,
+                                        grouped=True)
+    return Handle(works, finish)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+    """:func:`reducescatter` of each tensor in a list, negotiated as one unit;
+    returns a list. Defaults, errors and gradients as :func:`reducescatter`."""
+    check_process_set(process_set, "grouped_reducescatter")
+    tensors = check_tensors(tensors, "grouped_reducescatter")
+    op = check_op(op)
+    if not tensors:
+        return []
+    compressed = [compression.compress(t) for t in tensors]
+    named = name is not None
+    outputs = ReducescatterFunction.apply(name_or_auto(name, "grouped_reducescatter"), named,
+                                          True, op, float(prescale_factor),
+                                          float(postscale_factor), *[c for c, _ in compressed])
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outputs, compressed)]
+
+
+# --- synchronization -------------------------------------------------------------
+
+def barrier(process_set=None):
+    """Returns once every rank has called ``barrier``."""
+    check_process_set(process_set, "barrier")
+    _ops.barrier()
+
+
+def join(device=-1):
+    """Marks this rank as out of data and returns the rank that joined last,
+    once every rank has joined. Meanwhile this rank takes part in the other
+    ranks' allreduces with zeros (an Average is taken over the ranks that
+    contributed). ``device`` must be -1 (CPU, the default): hora.torch has
+    no GPU support yet, so any other value raises ``ValueError``."""
+    if device is not None and int(device) != -1:
+        raise ValueError(f"join(device={device}): hora.torch handles CPU tensors only; "
+                         f"call join() or join(device=-1)")
+    return _ops.join()

@@ -1,0 +1,415 @@
+"""DistributedOptimizer: averages gradients over all ranks before each step.
+
+``DistributedOptimizer(opt)`` returns an object of a subclass of
+``type(opt)`` created on the fly, sharing ``opt``'s parameter groups, state
+and defaults, so it behaves like the optimizer it wraps (``param_groups``,
+``state``, ``state_dict``/``load_state_dict``, ``add_param_group``, LR
+schedulers, ``isinstance`` checks). A hook on each parameter starts that
+gradient's allreduce as soon as autograd has accumulated it, so
+communication overlaps the rest of the backward pass; ``step()`` waits for
+all of them and then runs the wrapped optimizer's update.
+"""
+
+import contextlib
+import warnings
+import weakref
+
+import torch
+
+from hora.common.basics import ReduceOp
+from hora.torch import mpi_ops
+from hora.torch._collectives import check_op, check_process_set
+from hora.torch.compression import Compression
+
+_UNNAMED = "allreduce.noname"
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class; never instantiated on
+    its own. All of its state lives in attributes starting with ``_hora_``."""
+
+    # --- set-up ------------------------------------------------------------
+
+    def _hora_setup(self, names, units, unit_names, compression, backward_passes_per_step, op,
+                    gradient_predivide_factor, sparse_as_dense):
+        self._hora_compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self._hora_op = op
+        if op == ReduceOp.Average:
+            # the core divides by size() after the postscale; splitting the
+            # division lets users trade overflow against underflow
+            self._hora_prescale = 1.0 / gradient_predivide_factor
+            self._hora_postscale = gradient_predivide_factor
+        else:
+            self._hora_prescale = self._hora_postscale = 1.0
+        self._hora_sparse_as_dense = bool(sparse_as_dense)
+        self._hora_names = {}       # parameter -> collective name
+        self._hora_units = []       # lists of parameters reduced together
+        self._hora_unit_names = []
+        self._hora_unit_of = {}     # parameter -> index into _hora_units
+        self._hora_delay = {}       # parameter -> backward passes left before reducing
+        self._hora_ready = {}       # unit index -> parameters whose passes are done
+        self._hora_pending = {}     # unit index -> reduction in flight (None: not started)
+        self._hora_hooks = []
+        self._hora_synchronized = False
+        self._hora_should_synchronize = True
+        self._hora_names.update(names)
+        for unit, unit_name in zip(units, unit_names):
+            self._hora_add_unit(unit, unit_name)
+
+    def _hora_add_unit(self, params, unit_name):
+        index = len(self._hora_units)
+        self._hora_units.append(list(params))
+        self._hora_unit_names.append(unit_name)
+        this = weakref.ref(self)
+
+        def hook(param):
+            optimizer = this()
+            if optimizer is not None:
+                optimizer._hora_on_grad(param)
+
+        for p in params:
+            self._hora_unit_of[p] = index
+            self._hora_delay[p] = self.backward_passes_per_step
+            self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    # --- hooks and reductions -------------------------------------------------
+
+    def _hora_on_grad(self, p):
+        index = self._hora_unit_of.get(p)
+        if index is None:
+            return
+        if self._hora_delay[p] <= 0:
+            raise RuntimeError(
+                f"the gradient of '{self._hora_names[p]}' was computed more than "
+                f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                f"optimizer.step(); call step() after every {self.backward_passes_per_step} "
+                f"backward pass(es), or raise backward_passes_per_step to accumulate more "
+                f"passes locally")
+        self._hora_delay[p] -= 1
+        self._hora_pending.setdefault(index, None)
+        if self._hora_delay[p] == 0:
+            ready = self._hora_ready.setdefault(index, set())
+            ready.add(p)
+            if len(ready) == len(self._hora_units[index]):
+                self._hora_start(index)
+
+    def _hora_start(self, index):
+        params = self._hora_units[index]
+        grouped = len(params) > 1 or self._hora_unit_names[index] is not None
+        for p in params:
+            if p.grad is None:
+                # never produced on this rank (an unused parameter): other
+                # ranks may have it, so contribute zeros rather than hang
+                p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif p.grad.is_sparse and (self._hora_sparse_as_dense or grouped):
+                p.grad = p.grad.to_dense()
+        if not grouped and params[0].grad.is_sparse:
+            p = params[0]
+            handle = mpi_ops.sparse_allreduce_async(p.grad, name=self._hora_names[p],
+                                                    op=self._hora_op)
+            self._hora_pending[index] = ("sparse", handle, [p])
+            return
+        compressed = [self._hora_compression.compress(p.grad) for p in params]
+        tensors = [c for c, _ in compressed]
+        if grouped:
+            handle = mpi_ops.grouped_allreduce_async_(
+                tensors, name=self._hora_unit_names[index], op=self._hora_op,
+                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
+        else:
+            handle = mpi_ops.allreduce_async_(
+                tensors[0], name=self._hora_names[params[0]], op=self._hora_op,
+                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
+        self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)))
+
+    def _hora_finish(self, entry):
+        kind, handle, members = entry
+        result = mpi_ops.synchronize(handle)
+        with torch.no_grad():
+            if kind == "sparse":
+                members[0].grad = result
+                return
+            for p, (tensor, ctx) in members:
+                if tensor is not p.grad:
+                    p.grad.copy_(self._hora_compression.decompress(tensor, ctx))
+
+    # --- public API -----------------------------------------------------------
+
+    def set_backward_passes_per_step(self, passes):
+        """Changes how many backward passes are accumulated locally before the
+        gradients are reduced (an int >= 1, else ``ValueError``). Call it
+        between steps."""
+        self.backward_passes_per_step = _check_passes(passes)
+        for p in self._hora_delay:
+            self._hora_delay[p] = self.backward_passes_per_step
+
+    def synchronize(self):
+        """Completes the reduction of every gradient: starts those not started
+        yet (parameters whose gradient this rank never produced contribute
+        zeros, so no rank waits forever), waits for all and writes the
+        results into ``p.grad``. Call it before inspecting or clipping
+        gradients, then call ``step()`` inside :meth:`skip_synchronize`.
+        Raises the collective's :class:`hora.HoraError` if one failed."""
+        for index in range(len(self._hora_units)):
+            if self._hora_pending.get(index) is None:
+                self._hora_start(index)
+        error = None
+        for index in range(len(self._hora_units)):
+            try:
+                self._hora_finish(self._hora_pending[index])
+            except BaseException as caught:  # wait for the rest before raising
+                if error is None:
+                    error = caught
+        self._hora_pending.clear()
+        self._hora_ready.clear()
+        for p in self._hora_delay:
+            self._hora_delay[p] = self.backward_passes_per_step
+        if error is not None:
+            raise error
+        self._hora_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Context manager under which ``step()`` does not reduce gradients,
+        for use after an explicit :meth:`synchronize`::
+
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._hora_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._hora_should_synchronize = True
+
+    def step(self, closure=None):
+        """Waits for the gradients' reductions (see :meth:`synchronize`), then
+        runs the wrapped optimizer's ``step(closure)`` and returns its result.
+        If :meth:`synchronize` was already called and no gradient was
+        produced since, warns and does not reduce again."""
+        if self._hora_should_synchronize:
+            if self._hora_synchronized and not self._hora_pending:
+                warnings.warn(
+                    "optimizer.step() was called after optimizer.synchronize() without the "
+                    "optimizer.skip_synchronize() context; the gradients are already reduced, "
+                    "so step() does not reduce them again", stacklevel=2)
+            else:
+                self.synchronize()
+        self._hora_synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's ``zero_grad``. Raises ``RuntimeError`` when
+        called after ``loss.backward()`` but before ``step()`` /
+        ``synchronize()``: the gradients are then being reduced in place."""
+        if self._hora_pending:
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); the gradients are being reduced "
+                "across ranks at this moment. Call zero_grad() before backward() or after step().")
+        return super().zero_grad(*args, **kwargs)
+
+    def add_param_group(self, param_group):
+        """The wrapped optimizer's ``add_param_group``; the new parameters'
+        gradients are reduced too, under names derived from their position
+        (so every rank must add the same groups in the same order)."""
+        super().add_param_group(param_group)
+        if "_hora_units" not in self.__dict__:
+            return
+        group_index = len(self.param_groups) - 1
+        for j, p in enumerate(self.param_groups[-1]["params"]):
+            if p in self._hora_unit_of or not p.requires_grad:
+                continue
+            self._hora_names[p] = f"{_UNNAMED}.{group_index}.{j}"
+            self._hora_add_unit([p], None)
+
+
+# torch wraps an optimizer class's step() for its profiler and step hooks;
+# the wrapped class's own step() already is, so ours must not run them twice.
+_DistributedOptimizer.step.hooked = True
+
+_CLASSES = {}
+
+
+def _check_passes(passes):
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+    return passes
+
+
+def _parameter_names(optimizer, named_parameters):
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"{_UNNAMED}.{i}.{j}"
+                for i, group in enumerate(optimizer.param_groups)
+                for j, p in enumerate(group["params"])}
+    entries = list(named_parameters)
+    for entry in entries:
+        if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str)
+                or not entry[0] or not isinstance(entry[1], torch.Tensor)):
+            raise ValueError(
+                "named_parameters must be a sequence of (name, parameter) tuples with non-empty "
+                f"str names, as model.named_parameters() gives; got the entry {entry!r:.80}")
+    seen, duplicates = set(), set()
+    for name, _ in entries:
+        if name in seen:
+            duplicates.add(name)
+        seen.add(name)
+    if duplicates:
+        raise ValueError("parameter names in named_parameters must be unique; repeated: "
+                         + ", ".join(sorted(duplicates)))
+    names = {}
+    for name, p in entries:
+        names.setdefault(p, f"allreduce.{name}")
+    unnamed = [i for i, p in enumerate(params) if p not in names]
+    if unnamed:
+        raise ValueError(
+            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
+            f"not in it (positions {unnamed[:10]} in the optimizer's parameter order); name "
+            f"every parameter, e.g. with model.named_parameters()")
+    return {p: names[p] for p in params}
+
+
+def _split_units(params, groups):
+    """Lists of parameters reduced together, and each list's group name
+    (None for a parameter reduced on its own)."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups == 0):
+        return [[p] for p in params], [None] * len(params)
+    if isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"groups must be a non-negative int or a list of lists of "
+                             f"parameters, got {groups}")
+        count = min(groups, len(params))
+        units, start = [], 0
+        for k in range(count):
+            length = len(params) // count + (1 if k < len(params) % count else 0)
+            units.append(params[start:start + length])
+            start += length
+        return units, [f"DistributedOptimizer.group.{k}" for k in range(len(units))]
+    if not isinstance(groups, (list, tuple)):
+        raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, "
+                         f"got {type(groups).__name__}")
+    position = {p: i for i, p in enumerate(params)}
+    units, names, grouped = [], [], set()
+    for k, group in enumerate(groups):
+        members = list(group)
+        for p in members:
+            if not isinstance(p, torch.Tensor) or p not in position:
+                raise ValueError(f"groups[{k}] holds something that is not a parameter of the "
+                                 f"optimizer (one that requires grad)")
+            if p in grouped:
+                raise ValueError(f"groups[{k}]: a parameter appears in more than one group")
+            grouped.add(p)
+        if members:
+            units.append(sorted(members, key=position.get))
+            names.append(f"DistributedOptimizer.group.{k}")
+    for p in params:
+        if p not in grouped:
+            units.append([p])
+            names.append(None)
+    return units, names
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=ReduceOp.Average,
+                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                         process_set=None):
+    """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
+    all ranks (averaged by default).
+
+    Returns an instance of a subclass of ``type(optimizer)`` that shares its
+    parameter groups, state and defaults. Gradients are reduced as autograd
+    produces them; ``step()`` waits for the reductions and then updates.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``.
+        named_parameters: ``(name, parameter)`` pairs naming every optimized
+            parameter, usually ``model.named_parameters()``; default None
+            names parameters by their position (fine when every rank builds
+            the same optimizer, but two optimizers reducing at the same time
+            need distinct names).
+        compression: ``Compression.none`` (default), ``Compression.fp16`` or
+            ``Compression.bf16``: the dtype gradients travel in.
+        backward_passes_per_step: backward passes accumulated locally (the
+            gradients are summed, as autograd does) before the reduction;
+            default 1. Scale the loss by ``1 / backward_passes_per_step`` to
+            average them instead.
+        op: ``Average`` (default) or ``Sum``.
+        gradient_predivide_factor: with Average, gradients are divided by
+            this factor before the sum and by ``size() / factor`` after it
+            (default 1.0).
+        groups: None or 0 (each gradient reduced separately), an int ``k``
+            (parameters split into ``k`` groups reduced as fused units), or a
+            list of lists of parameters (each list one unit; parameters not
+            listed are reduced separately).
+        sparse_as_dense: reduce sparse gradients as dense tensors (default
+            False: they are reduced by gathering indices and values).
+        process_set: must be None (hora has no process sets).
+
+    Parameters whose gradient is never produced on some rank are reduced
+    with zeros there, so no rank hangs. Raises ``TypeError`` when
+    ``optimizer`` is not a torch optimizer, ``ValueError`` for duplicate,
+    malformed or missing ``named_parameters`` entries, an op other than
+    Average/Sum (Adasum is not supported), ``gradient_predivide_factor`` not
+    1.0 with Sum or not positive, bad ``groups`` or
+    ``backward_passes_per_step``, or an optimizer that is already wrapped.
+    """
+    check_process_set(process_set, "DistributedOptimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a hora DistributedOptimizer")
+    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+        raise TypeError("compression must be Compression.none, Compression.fp16, "
+                        "Compression.bf16 or another class with compress/decompress")
+    passes = _check_passes(backward_passes_per_step)
+    op = check_op(op)
+    if op == ReduceOp.Adasum:
+        raise ValueError("DistributedOptimizer: op=Adasum is not supported by hora; use Average "
+                         "or Sum")
+    if op not in (ReduceOp.Average, ReduceOp.Sum):
+        raise ValueError(f"DistributedOptimizer: gradients are combined with Average or Sum, "
+                         f"not {op.name}")
+    factor = float(gradient_predivide_factor)
+    if factor != 1.0 and op != ReduceOp.Average:
+        raise ValueError("gradient_predivide_factor is only supported with op=Average")
+    if not factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be positive, got {factor}")
+    names = _parameter_names(optimizer, named_parameters)
+    for p in names:
+        if p.requires_grad and not p.is_leaf:
+            raise ValueError("DistributedOptimizer: the optimizer holds a non-leaf tensor")
+        if p.device.type != "cpu":
+            raise ValueError(f"DistributedOptimizer: a parameter is on device '{p.device}', "
+                             f"but hora.torch handles CPU tensors only for now")
+    seen = set()
+    params = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p not in seen:
+                seen.add(p)
+                params.append(p)
+    units, unit_names = _split_units(params, groups)
+
+    base = type(optimizer)
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizer, base),
+                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
+        _CLASSES[base] = cls
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._hora_setup(names, units, unit_names, compression, passes, op, factor,
+                        sparse_as_dense)
+    return wrapped
+
+
+def _local_step(optimizer):
+    """Runs the wrapped optimizer's own update, without any reduction."""
+    if isinstance(optimizer, _DistributedOptimizer):
+        return super(_DistributedOptimizer, optimizer).step()
+    return type(optimizer).step(optimizer)
