@@ -141,7 +141,8 @@ void TensorArg::FromDlpack(py::handle object, const std::string& what) {
                    kSupported);
   }
   view_.shape.assign(t.shape, t.shape + t.ndim);
-  if (t.strides != nullptr) {
+  // Strides mean nothing for a tensor without elements.
+  if (t.strides != nullptr && view_.NumElements() != 0) {
     int64_t expected = 1;
     for (int d = t.ndim - 1; d >= 0; --d) {
       if (t.shape[d] != 1 && t.strides[d] != expected) {

@@ -61,7 +61,7 @@ def _wire(array):
     """The array as the core sees it: NumPy has no native bfloat16, so an
     ml_dtypes bfloat16 array travels as its 16 bits plus a dtype tag."""
     dtype = getattr(array, "dtype", None)
-    if dtype is not None and dtype.name == "bfloat16":
+    if getattr(dtype, "name", None) == "bfloat16":
         return array.view(np.int16), _BFLOAT16
     return array, -1
 
