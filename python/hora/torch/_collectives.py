@@ -14,12 +14,8 @@ import torch
 
 from hora._loader import _C
 from hora.common import ops as _ops
-from hora.common.basics import ReduceOp
+from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
 
-Average = ReduceOp.Average
-Sum = ReduceOp.Sum
-Min = ReduceOp.Min
-Max = ReduceOp.Max
 synchronize = _ops.synchronize
 Handle = _ops.Handle
 KIND_ALLREDUCE = _ops._KIND_ALLREDUCE

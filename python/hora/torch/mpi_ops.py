@@ -20,7 +20,7 @@ collectives too, so every rank must run backward through them.
 import torch
 
 from hora.common import ops as _ops
-from hora.common.basics import ReduceOp, size
+from hora.common.basics import Adasum, Average, Max, Min, Product, ReduceOp, Sum, size
 from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
     GroupedAllreduceFunction, ReducescatterFunction)
@@ -29,13 +29,6 @@ from hora.torch._collectives import (
     check_tensors, group_names, name_or_auto, resolve_op, splits_list, start_allgather,
     start_allreduce, start_alltoall, start_broadcast, start_inplace, start_reducescatter)
 from hora.torch.compression import Compression
-
-Average = ReduceOp.Average
-Sum = ReduceOp.Sum
-Adasum = ReduceOp.Adasum
-Min = ReduceOp.Min
-Max = ReduceOp.Max
-Product = ReduceOp.Product
 
 poll = _ops.poll
 synchronize = _ops.synchronize
