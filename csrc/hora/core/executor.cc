@@ -93,8 +93,7 @@ Status Executor::Run(const std::vector<Response>& responses) {
     }
     if (r.kind == CollectiveKind::kAllreduce) {
       const size_t end = FuseFrom(responses, i);
-      std::vector<Response> batch(responses.begin() + i, responses.begin() + end);
-      HORA_RETURN_IF_ERROR(RunAllreduce(batch));
+      HORA_RETURN_IF_ERROR(RunAllreduce(&responses[i], end - i));
       i = end;
       continue;
     }
@@ -113,7 +112,9 @@ Status Executor::Run(const std::vector<Response>& responses) {
       case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
       default: status = Status::Internal("unexpected collective kind");
     }
-    status = status.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'");
+    if (!status.ok()) {
+      status = status.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'");
+    }
     entry.work->Complete(status);
     HORA_RETURN_IF_ERROR(status);
     ++i;
@@ -121,16 +122,16 @@ Status Executor::Run(const std::vector<Response>& responses) {
   return Status::OK();
 }
 
-Status Executor::RunAllreduce(const std::vector<Response>& batch) {
-  std::vector<TensorEntry> entries(batch.size());
-  std::vector<bool> present(batch.size());
-  for (size_t k = 0; k < batch.size(); ++k) {
+Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
+  std::vector<TensorEntry> entries(batch_size);
+  std::vector<bool> present(batch_size);
+  for (size_t k = 0; k < batch_size; ++k) {
     present[k] = queue_->TakeEntry(batch[k].name, &entries[k]);
   }
   const Response& head = batch[0];
   const DataType wire = WireType(head.dtype);
   Status status;
-  if (batch.size() == 1 && present[0] && !IsHalf(head.dtype)) {
+  if (batch_size == 1 && present[0] && !IsHalf(head.dtype)) {
     // A lone tensor is reduced straight from the caller's memory.
     TensorEntry& e = entries[0];
     const int64_t count = head.NumElements();
@@ -145,28 +146,29 @@ Status Executor::RunAllreduce(const std::vector<Response>& batch) {
     if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
   } else {
     int64_t total = 0;
-    for (const Response& r : batch) total += r.NumElements();
+    for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
     const int64_t element = DataTypeSize(wire);
     char* buffer = fusion_buffer_.Get(total * element);
     int64_t offset = 0;
-    for (size_t k = 0; k < batch.size(); ++k) {
+    for (size_t k = 0; k < batch_size; ++k) {
       const int64_t count = batch[k].NumElements();
       Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
       offset += count;
     }
     status = Allreduce(nullptr, buffer, total, wire, head.op);
     offset = 0;
-    for (size_t k = 0; k < batch.size() && status.ok(); ++k) {
+    for (size_t k = 0; k < batch_size && status.ok(); ++k) {
       const int64_t count = batch[k].NumElements();
       if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k]);
       offset += count;
     }
   }
-  status = status.WithContext("allreduce '" + head.name + "'" +
-                              (batch.size() > 1 ? " (fused with " + std::to_string(batch.size() - 1) +
-                                                      " more)"
-                                                : std::string()));
-  for (size_t k = 0; k < batch.size(); ++k) {
+  if (!status.ok()) {
+    status = status.WithContext(
+        "allreduce '" + head.name + "'" +
+        (batch_size > 1 ? " (fused with " + std::to_string(batch_size - 1) + " more)" : ""));
+  }
+  for (size_t k = 0; k < batch_size; ++k) {
     if (present[k]) entries[k].work->Complete(status);
   }
   return status;

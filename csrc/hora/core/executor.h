@@ -28,7 +28,8 @@ class Executor {
  private:
   Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
-  Status RunAllreduce(const std::vector<Response>& batch);
+  // Runs batch[0..batch_size) as one fused allreduce.
+  Status RunAllreduce(const Response* batch, size_t batch_size);
   Status RunAllgather(const Response& response, TensorEntry& entry);
   Status RunBroadcast(const Response& response, TensorEntry& entry);
   Status RunAlltoall(const Response& response, TensorEntry& entry);

@@ -220,9 +220,13 @@ void WakeupChannel::NotifyLocal() {
 }
 
 Status WakeupChannel::Wait(int timeout_ms, Events* events) {
-  std::vector<pollfd> fds;
-  fds.push_back({event_fd_, POLLIN, 0});
-  for (int fd : peer_fds_) fds.push_back({fd, static_cast<short>(fd >= 0 ? POLLIN : 0), 0});
+  // Built once: Wait runs every cycle.
+  std::vector<pollfd>& fds = poll_fds_;
+  if (fds.empty()) {
+    fds.push_back({event_fd_, POLLIN, 0});
+    for (int fd : peer_fds_) fds.push_back({fd, static_cast<short>(fd >= 0 ? POLLIN : 0), 0});
+  }
+  for (pollfd& p : fds) p.revents = 0;
   int ready;
   do {
     ready = poll(fds.data(), fds.size(), timeout_ms);

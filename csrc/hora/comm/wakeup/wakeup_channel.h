@@ -8,6 +8,8 @@
 // else sleeps in poll() on a TCP socket and an eventfd. An idle job costs no
 // CPU, and a lone tensor starts after two small messages instead of a tick.
 // A closed socket also tells a rank at once that its peer process is gone.
+#include <poll.h>
+
 #include <memory>
 #include <vector>
 
@@ -42,6 +44,7 @@ class WakeupChannel {
   int size_;
   int event_fd_ = -1;
   std::vector<int> peer_fds_;  // rank 0: one per rank (-1 for itself); others: rank 0's
+  std::vector<pollfd> poll_fds_;  // engine thread only
 };
 
 }  // namespace hora
