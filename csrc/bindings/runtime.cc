@@ -45,6 +45,7 @@ void Init(py::object comm_handle, py::object ranks) {
   MpiInitOptions options;
   if (!comm_handle.is_none()) options.comm = CommFromHandle<MPI_Comm>(comm_handle.cast<intptr_t>());
   if (!ranks.is_none()) options.ranks = ranks.cast<std::vector<int>>();
+  options.hostname = config.hostname;
   std::unique_ptr<MpiCommunicator> comm;
   std::unique_ptr<Engine> engine;
   {

@@ -5,6 +5,7 @@ from (test, rank), so every rank can compute the expected result of a
 collective over all ranks' inputs by itself and assert on it.
 """
 
+import os
 import zlib
 
 import numpy as np
@@ -43,8 +44,19 @@ def rank_input(tag, rank, shape, dtype):
     return rng.integers(-4, 5, size=shape).astype(np.float32).astype(dtype) / 2
 
 
+def pretend_hosts():
+    """HORA_TEST_FAKE_HOSTS=k splits the ranks of this one machine into k
+    consecutive blocks that hora treats as separate hosts (through
+    HORA_HOSTNAME), so the hierarchical allreduce runs here."""
+    hosts = int(os.environ.get("HORA_TEST_FAKE_HOSTS", "0"))
+    if hosts:
+        rank, size = int(os.environ["HORA_RANK"]), int(os.environ["HORA_SIZE"])
+        os.environ["HORA_HOSTNAME"] = f"fake-host-{rank * hosts // size}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def hora_session():
+    pretend_hosts()
     hora.init()
     yield
     hora.shutdown()

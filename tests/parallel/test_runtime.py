@@ -18,23 +18,31 @@ def test_rank_and_size_match_the_launcher(rank, size):
     assert 0 <= rank < size
 
 
-def test_local_topology_on_one_host(rank, size):
-    assert hora.local_rank() == int(os.environ["HORA_LOCAL_RANK"])
-    assert hora.local_size() == int(os.environ["HORA_LOCAL_SIZE"])
+def test_local_topology(rank, size):
+    hosts = int(os.environ.get("HORA_TEST_FAKE_HOSTS", "0"))
     assert 0 <= hora.local_rank() < hora.local_size()
     assert 0 <= hora.cross_rank() < hora.cross_size()
     assert hora.local_size() * hora.cross_size() == size
-    # horarun starts every rank on this machine
-    assert hora.local_size() == size and hora.cross_size() == 1
-    assert hora.local_rank() == rank and hora.cross_rank() == 0
     assert hora.is_homogeneous() is True
+    if hosts:
+        # HORA_HOSTNAME split the ranks into `hosts` consecutive blocks
+        per_host = size // hosts
+        assert (hora.local_size(), hora.cross_size()) == (per_host, hosts)
+        assert (hora.local_rank(), hora.cross_rank()) == (rank % per_host, rank // per_host)
+    else:
+        # horarun starts every rank on this machine
+        assert hora.local_rank() == int(os.environ["HORA_LOCAL_RANK"])
+        assert hora.local_size() == int(os.environ["HORA_LOCAL_SIZE"])
+        assert hora.local_size() == size and hora.cross_size() == 1
+        assert hora.local_rank() == rank and hora.cross_rank() == 0
 
 
 def test_ranks_are_distinct_and_complete(rank, size):
     gathered = hora.allgather(np.array([[rank, hora.local_rank(), hora.cross_rank(), size]],
                                        np.int64), name="runtime.ranks")
     assert_same(gathered[:, 0], np.arange(size, dtype=np.int64))
-    assert sorted(gathered[:, 1].tolist()) == list(range(hora.local_size()))
+    assert sorted(gathered[:, 1].tolist()) == sorted(list(range(hora.local_size())) *
+                                                     hora.cross_size())
     assert set(gathered[:, 3].tolist()) == {size}
 
 

@@ -4,18 +4,10 @@
 #include <limits>
 #include <vector>
 
-#include "hora/common/half.h"
+#include "hora/algo/kernels/kernel_set.h"
 
 namespace hora {
 namespace {
-
-template <typename T>
-void ScaleTyped(const void* src, void* dst, int64_t count, double factor) {
-  const T* s = static_cast<const T*>(src);
-  T* d = static_cast<T*>(dst);
-  const T f = static_cast<T>(factor);
-  for (int64_t i = 0; i < count; ++i) d[i] = s[i] * f;
-}
 
 template <typename T>
 void DivideTyped(void* buf, int64_t count, int64_t divisor) {
@@ -46,25 +38,7 @@ void FillTyped(void* buf, int64_t count, ReduceOp op) {
 }  // namespace
 
 void ScaleCopy(const void* src, void* dst, int64_t count, DataType dtype, double factor) {
-  switch (dtype) {
-    case DataType::kFloat32: ScaleTyped<float>(src, dst, count, factor); return;
-    case DataType::kFloat64: ScaleTyped<double>(src, dst, count, factor); return;
-    case DataType::kFloat16:
-    case DataType::kBFloat16: {
-      const uint16_t* s = static_cast<const uint16_t*>(src);
-      uint16_t* d = static_cast<uint16_t*>(dst);
-      const float f = static_cast<float>(factor);
-      if (dtype == DataType::kFloat16) {
-        for (int64_t i = 0; i < count; ++i) d[i] = FloatToHalf(HalfToFloat(s[i]) * f);
-      } else {
-        for (int64_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(BFloat16ToFloat(s[i]) * f);
-      }
-      return;
-    }
-    default:
-      if (src != dst) std::memcpy(dst, src, count * DataTypeSize(dtype));
-      return;
-  }
+  Kernels().scale_copy(src, dst, count, dtype, factor);
 }
 
 void DivideInPlace(void* buf, int64_t count, DataType dtype, int64_t divisor) {
@@ -104,23 +78,11 @@ void FillNeutral(void* buf, int64_t count, DataType dtype, ReduceOp op) {
 }
 
 void WidenToFloat(const void* src, float* dst, int64_t count, DataType dtype, double factor) {
-  const uint16_t* s = static_cast<const uint16_t*>(src);
-  const float f = static_cast<float>(factor);
-  if (dtype == DataType::kFloat16) {
-    for (int64_t i = 0; i < count; ++i) dst[i] = HalfToFloat(s[i]) * f;
-  } else {
-    for (int64_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(s[i]) * f;
-  }
+  Kernels().widen(src, dst, count, dtype, factor);
 }
 
 void NarrowFromFloat(const float* src, void* dst, int64_t count, DataType dtype, double factor) {
-  uint16_t* d = static_cast<uint16_t*>(dst);
-  const float f = static_cast<float>(factor);
-  if (dtype == DataType::kFloat16) {
-    for (int64_t i = 0; i < count; ++i) d[i] = FloatToHalf(src[i] * f);
-  } else {
-    for (int64_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(src[i] * f);
-  }
+  Kernels().narrow(src, dst, count, dtype, factor);
 }
 
 }  // namespace hora

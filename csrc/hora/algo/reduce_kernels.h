@@ -1,8 +1,7 @@
 #pragma once
 // acc[i] = acc[i] (op) other[i] for every element type the transports
 // reduce natively (half types are widened to float32 before they get here).
-// Plain loops over restrict pointers: the compiler vectorizes them, and the
-// loops are memory-bound anyway.
+// Runs the kernel set chosen for this CPU (see kernels/kernel_set.h).
 #include <cstdint>
 
 #include "hora/common/dtype.h"

@@ -1,16 +1,15 @@
 #include "hora/algo/shm_allreduce.h"
 
 #include <sched.h>
-#include <cerrno>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
-#include "hora/algo/reduce_kernels.h"
+#include "hora/algo/kernels/kernel_set.h"
 
 namespace hora {
 namespace {
@@ -20,6 +19,10 @@ inline void CpuRelax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// Elements reduced at a time inside a sub-slice, so the output block stays
+// in L1 between the reduction passes and the streaming store.
+constexpr int64_t kBlockBytes = 16 * 1024;
 
 }  // namespace
 
@@ -55,47 +58,92 @@ Status ShmAllreduce::WaitAll(std::atomic<uint64_t> ShmControl::*flag, uint64_t t
   return Status::OK();
 }
 
-Status ShmAllreduce::Run(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op) {
+Status ShmAllreduce::Run(const PieceMap& map, DataType dtype, ReduceOp op, double factor,
+                         const CrossStep* cross) {
+  const KernelSet& k = Kernels();
   const int64_t element = DataTypeSize(dtype);
-  // A chunk is cut into size_ sub-slices, each a whole number of elements
-  // aligned to 64 bytes where the chunk is large enough.
-  const int64_t chunk_elements = std::max<int64_t>(1, slot_bytes_ / element / size_ / 16 * 16) * size_;
-  const char* input = static_cast<const char*>(send == nullptr ? recv : send);
-  char* output = static_cast<char*>(recv);
+  const int64_t count = map.total();
+  const bool scale = IsFloatingPoint(dtype) && factor != 1.0;
+  // A chunk is cut into size_ sub-slices of whole 64-byte lines where the
+  // chunk is large enough.
+  const int64_t line = std::max<int64_t>(1, 64 / element);
+  const int64_t chunk_elements =
+      std::max<int64_t>(1, slot_bytes_ / element / size_ / line * line) * size_;
+  const int64_t block_elements = std::max<int64_t>(1, kBlockBytes / element);
   ShmControl* mine = segment_->control(rank_);
 
-  for (int64_t start = 0; start < count || (count == 0 && start == 0); start += chunk_elements) {
+  for (int64_t start = 0; start < count; start += chunk_elements) {
     const int64_t n = std::min(chunk_elements, count - start);
     const uint64_t seq = ++sequence_;
     const int slot = static_cast<int>(seq % kSlots);
     // This slot was last used kSlots chunks ago: every peer must be done
     // reading it before it is overwritten.
     if (seq > kSlots) HORA_RETURN_IF_ERROR(WaitAll(&ShmControl::released, seq - kSlots));
-    char* my_slot = segment_->data(rank_) + slot * (slot_bytes_ + kSlotSkewBytes);
-    std::memcpy(my_slot, input + start * element, n * element);
-    mine->arrived.store(seq, std::memory_order_release);
-    HORA_RETURN_IF_ERROR(WaitAll(&ShmControl::arrived, seq));
+    char* my_slot = Slot(rank_, slot);
 
     const int64_t base = n / size_, extra = n % size_;
     auto sub_begin = [&](int r) { return r * base + std::min<int64_t>(r, extra); };
     auto sub_count = [&](int r) { return base + (r < extra ? 1 : 0); };
+
+    // 1. Publish the parts the peers reduce.
+    for (int owner = 0; owner < size_; ++owner) {
+      if (owner == rank_) continue;
+      char* dst = my_slot + sub_begin(owner) * element;
+      map.ForEach(start + sub_begin(owner), sub_count(owner),
+                  [&](const char* in, char*, int64_t len, int64_t at) {
+                    k.stream_copy(dst + at * element, in, len * element);
+                  });
+    }
+    mine->arrived.store(seq, std::memory_order_release);
+    HORA_RETURN_IF_ERROR(WaitAll(&ShmControl::arrived, seq));
+
+    // 2. Reduce this rank's sub-slice.
     const int64_t my_begin = sub_begin(rank_), my_count = sub_count(rank_);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_ || my_count == 0) continue;
-      const char* peer_slot = segment_->data(peer) + slot * (slot_bytes_ + kSlotSkewBytes);
-      ReduceInto(my_slot + my_begin * element, peer_slot + my_begin * element, my_count, dtype, op);
+    char* my_result = my_slot + my_begin * element;
+    if (cross != nullptr) {
+      // The reduction lands in the slot, the cross-host step runs on it
+      // there, and the outputs are filled from it.
+      map.ForEach(start + my_begin, my_count, [&](const char* in, char*, int64_t len, int64_t at) {
+        std::memcpy(my_result + at * element, in, len * element);
+      });
+      for (int peer = 0; peer < size_ && my_count > 0; ++peer) {
+        if (peer == rank_) continue;
+        k.reduce_into(my_result, Slot(peer, slot) + my_begin * element, my_count, dtype, op);
+      }
+      if (my_count > 0) HORA_RETURN_IF_ERROR((*cross)(my_result, my_count));
+      if (scale) k.scale_copy(my_result, my_result, my_count, dtype, factor);
+      map.ForEach(start + my_begin, my_count, [&](const char*, char* out, int64_t len, int64_t at) {
+        std::memcpy(out, my_result + at * element, len * element);
+      });
+    } else {
+      map.ForEach(start + my_begin, my_count, [&](const char* in, char* out, int64_t len,
+                                                  int64_t at) {
+        for (int64_t b = 0; b < len; b += block_elements) {
+          const int64_t m = std::min(block_elements, len - b);
+          char* o = out + b * element;
+          if (in != out) std::memcpy(o, in + b * element, m * element);
+          const int64_t offset = (my_begin + at + b) * element;
+          for (int peer = 0; peer < size_; ++peer) {
+            if (peer != rank_) k.reduce_into(o, Slot(peer, slot) + offset, m, dtype, op);
+          }
+          if (scale) k.scale_copy(o, o, m, dtype, factor);
+          k.stream_copy(my_slot + offset, o, m * element);
+        }
+      });
     }
     mine->reduced.store(seq, std::memory_order_release);
     HORA_RETURN_IF_ERROR(WaitAll(&ShmControl::reduced, seq));
 
+    // 3. Collect the other sub-slices' results.
     for (int owner = 0; owner < size_; ++owner) {
-      const int64_t begin = sub_begin(owner), length = sub_count(owner);
-      if (length == 0) continue;
-      const char* owner_slot = segment_->data(owner) + slot * (slot_bytes_ + kSlotSkewBytes);
-      std::memcpy(output + (start + begin) * element, owner_slot + begin * element, length * element);
+      if (owner == rank_) continue;
+      const char* src = Slot(owner, slot) + sub_begin(owner) * element;
+      map.ForEach(start + sub_begin(owner), sub_count(owner),
+                  [&](const char*, char* out, int64_t len, int64_t at) {
+                    std::memcpy(out, src + at * element, len * element);
+                  });
     }
     mine->released.store(seq, std::memory_order_release);
-    if (count == 0) break;
   }
   return Status::OK();
 }

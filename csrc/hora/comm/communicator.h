@@ -54,6 +54,20 @@ class Communicator {
                                ReduceOp op) = 0;
   virtual Status Barrier() = 0;
 
+  // Nonblocking point-to-point for the algorithms in algo/ (ring). Post*
+  // return an id; Wait(id) completes that one, WaitAll() every posted one.
+  // Messages of one (source, tag) pair arrive in the order they were sent.
+  virtual Status PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) = 0;
+  virtual Status PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) = 0;
+  virtual Status Wait(int id) = 0;
+  virtual Status WaitAll() = 0;
+
+  // The ranks on this host, and the ranks with this rank's local rank on
+  // every host (for hierarchical algorithms). Owned by this communicator;
+  // nullptr on communicators that are themselves such a part.
+  virtual Communicator* local() = 0;
+  virtual Communicator* cross() = 0;
+
   // What the transport is, for build_info and logs ("MPI (Open MPI v5.0.11)").
   virtual std::string Describe() const = 0;
 };

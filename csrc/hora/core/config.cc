@@ -64,14 +64,27 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
                                &result.cache_capacity));
   HORA_RETURN_IF_ERROR(
       ReadInt(Find(lookup, "HORA_SHM_SLOT_BYTES", nullptr), 1, &result.shm_slot_bytes));
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_SMALL_ALLREDUCE_BYTES", nullptr), 0,
+                               &result.small_allreduce_bytes));
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_SPIN_US", nullptr), 0, &result.spin_us));
   const Source algorithm = Find(lookup, "HORA_ALLREDUCE_ALGORITHM", nullptr);
   if (algorithm.value != nullptr) {
     result.allreduce_algorithm = algorithm.value;
-    if (result.allreduce_algorithm != "auto" && result.allreduce_algorithm != "shm" &&
-        result.allreduce_algorithm != "mpi") {
-      return Invalid(algorithm, "one of auto, shm, mpi");
+    const std::string& a = result.allreduce_algorithm;
+    if (a != "auto" && a != "mpi" && a != "ring" && a != "shm" && a != "hierarchical") {
+      return Invalid(algorithm, "one of auto, mpi, ring, shm, hierarchical");
     }
   }
+  const Source kernels = Find(lookup, "HORA_CPU_KERNELS", nullptr);
+  if (kernels.value != nullptr) {
+    result.cpu_kernels = kernels.value;
+    const std::string& k = result.cpu_kernels;
+    if (k != "auto" && k != "generic" && k != "avx2" && k != "avx512") {
+      return Invalid(kernels, "one of auto, generic, avx2, avx512");
+    }
+  }
+  const Source hostname = Find(lookup, "HORA_HOSTNAME", nullptr);
+  if (hostname.value != nullptr) result.hostname = hostname.value;
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
   if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
     return Invalid(level, "one of trace, debug, info, warning, error, off");
@@ -88,7 +101,10 @@ std::string Config::Describe() const {
   std::ostringstream text;
   text << "fusion_threshold_bytes=" << fusion_threshold_bytes
        << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
-       << " allreduce_algorithm=" << allreduce_algorithm << " shm_slot_bytes=" << shm_slot_bytes;
+       << " allreduce_algorithm=" << allreduce_algorithm
+       << " small_allreduce_bytes=" << small_allreduce_bytes << " shm_slot_bytes=" << shm_slot_bytes
+       << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
+       << (hostname.empty() ? "" : " hostname=" + hostname);
   return text.str();
 }
 

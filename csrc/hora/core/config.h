@@ -19,12 +19,24 @@ struct Config {
   double cycle_time_ms = 0.0;
   int64_t cache_capacity = 1024;
   LogLevel log_level = LogLevel::kWarning;
-  // Which allreduce runs inside one host: "auto" (currently MPI), "shm"
-  // (shared memory; every rank must be on one host) or "mpi". Forcing one
-  // lets the tests cover each path.
+  // Which allreduce algorithm runs: "auto" picks by size and placement
+  // (MPI's own for small messages; shared memory on one host; hierarchical
+  // across hosts), or one of "mpi", "ring", "shm", "hierarchical" for every
+  // size, which is how the tests cover each path.
   std::string allreduce_algorithm = "auto";
-  // Bytes of one shared-memory pipeline slot (two per rank).
-  int64_t shm_slot_bytes = 256 * 1024;
+  // "auto": allreduces up to this many bytes use MPI's latency-optimal one.
+  int64_t small_allreduce_bytes = 64 * 1024;
+  // Bytes of one shared-memory pipeline slot (kSlots per rank).
+  int64_t shm_slot_bytes = 1024 * 1024;
+  // Which host this rank counts as (default: ranks sharing memory form a
+  // host). Lets one machine stand in for several in tests.
+  std::string hostname;
+  // Element-wise kernel set: auto, generic, avx2, avx512.
+  std::string cpu_kernels = "auto";
+  // After a cycle that had work, keep cycling back to back for this long
+  // before sleeping, so tensors arriving in a burst start at once. 0 turns
+  // it off; it is also off when the host has more ranks than cores.
+  int64_t spin_us = 200;
 
   // Reads the settings through `lookup` (getenv in production, a map in
   // tests). Returns an error naming the variable and its value when a value

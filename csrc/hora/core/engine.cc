@@ -3,6 +3,7 @@
 #include <chrono>
 #include <sstream>
 
+#include "hora/algo/kernels/kernel_set.h"
 #include "hora/common/logging.h"
 
 namespace hora {
@@ -31,27 +32,14 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   std::unique_ptr<Engine> engine(new Engine(std::move(comm), config));
   HORA_RETURN_IF_ERROR(WakeupChannel::Create(engine->comm_.get(), &engine->wakeup_)
                            .WithContext("starting the engine"));
-  const Topology& topology = engine->comm_->topology();
-  const bool one_host = topology.local_size == topology.size && topology.size > 1;
-  if (config.allreduce_algorithm == "shm" && !one_host && topology.size > 1) {
-    return Status::InvalidArgument(
-        "HORA_ALLREDUCE_ALGORITHM=shm needs every rank on one host");
-  }
-  // "auto" stays on MPI for now: on the 2-core test machine the shared-
-  // memory path measured either 2x faster or 1.5x slower than MPI at 64 MiB
-  // depending on the run (see docs/performance.md), so it is opt-in until
-  // that is understood.
-  if (one_host && config.allreduce_algorithm == "shm") {
-    std::unique_ptr<ShmSegment> segment;
-    Status shm = ShmSegment::Create(engine->comm_.get(),
-                                    ShmAllreduce::kSlots * (config.shm_slot_bytes + ShmAllreduce::kSlotSkewBytes),
-                                    &segment);
-    if (!shm.ok()) return shm.WithContext("HORA_ALLREDUCE_ALGORITHM=shm");
-    engine->executor_.UseSharedMemory(std::move(segment));
-  }
+  HORA_RETURN_IF_ERROR(SelectKernels(config.cpu_kernels));
+  std::unique_ptr<AllreduceRouter> router;
+  HORA_RETURN_IF_ERROR(AllreduceRouter::Create(engine->comm_.get(), config, &router));
+  engine->executor_.SetRouter(std::move(router));
   if (engine->comm_->rank() == 0) {
     HORA_LOG(kDebug) << "engine started on " << engine->comm_->size() << " ranks over "
-                     << engine->comm_->Describe() << "; " << config.Describe();
+                     << engine->comm_->Describe() << "; " << config.Describe() << "; "
+                     << engine->executor_.router()->Describe();
   }
   Engine* raw = engine.get();
   engine->thread_ = std::thread([raw] { raw->Loop(); });

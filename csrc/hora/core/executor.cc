@@ -57,17 +57,6 @@ void Pack(const TensorEntry* entry, char* dst, int64_t count, const Response& r)
 
 }  // namespace
 
-void Executor::UseSharedMemory(std::unique_ptr<ShmSegment> segment) {
-  shm_segment_ = std::move(segment);
-  shm_allreduce_.reset(new ShmAllreduce(shm_segment_.get(), comm_->rank(), comm_->size()));
-}
-
-Status Executor::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
-                           ReduceOp op) {
-  if (shm_allreduce_) return shm_allreduce_->Run(send, recv, count, dtype, op);
-  return comm_->Allreduce(send, recv, count, dtype, op);
-}
-
 size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) const {
   const Response& head = responses[first];
   int64_t bytes = head.NumElements() * DataTypeSize(WireType(head.dtype));
@@ -130,8 +119,39 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
   }
   const Response& head = batch[0];
   const DataType wire = WireType(head.dtype);
+  const int64_t element = DataTypeSize(wire);
+  int64_t total = 0;
+  for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
   Status status;
-  if (batch_size == 1 && present[0] && !IsHalf(head.dtype)) {
+  // Every rank must pick the same branch (the shared-memory paths apply the
+  // scale factor to the sub-slice each rank owns), so the choice depends
+  // only on the responses, never on which tensors this rank has.
+  if (!IsHalf(head.dtype) && head.prescale == 1.0 && router_->TakesPieces(total * element)) {
+    // Shared-memory paths read the callers' tensors and write their outputs
+    // directly, scaling on the way out: no fusion buffer, no extra pass.
+    // A rank that has joined contributes neutral values from scratch space.
+    int64_t absent = 0;
+    for (size_t k = 0; k < batch_size; ++k) absent += present[k] ? 0 : batch[k].NumElements();
+    char* scratch = absent > 0 ? fusion_buffer_.Get(absent * element) : nullptr;
+    pieces_.clear();
+    for (size_t k = 0; k < batch_size; ++k) {
+      const int64_t count = batch[k].NumElements();
+      if (present[k]) {
+        pieces_.push_back(Piece{entries[k].input.data, entries[k].output, count});
+      } else {
+        FillNeutral(scratch, count, head.dtype, head.op);
+        pieces_.push_back(Piece{scratch, scratch, count});
+        scratch += count * element;
+      }
+    }
+    const double factor = IsFloatingPoint(head.dtype) ? PostFactor(head) : 1.0;
+    status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, factor);
+    if (status.ok() && !IsFloatingPoint(head.dtype) && head.op == ReduceOp::kAverage) {
+      for (size_t k = 0; k < batch_size; ++k) {
+        if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, head.contributors);
+      }
+    }
+  } else if (batch_size == 1 && present[0] && !IsHalf(head.dtype)) {
     // A lone tensor is reduced straight from the caller's memory.
     TensorEntry& e = entries[0];
     const int64_t count = head.NumElements();
@@ -142,12 +162,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
     } else if (e.input.data == e.output) {
       send = nullptr;
     }
-    status = Allreduce(send, e.output, count, head.dtype, head.op);
+    status = router_->Run(send, e.output, count, head.dtype, head.op);
     if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
   } else {
-    int64_t total = 0;
-    for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
-    const int64_t element = DataTypeSize(wire);
     char* buffer = fusion_buffer_.Get(total * element);
     int64_t offset = 0;
     for (size_t k = 0; k < batch_size; ++k) {
@@ -155,7 +172,7 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
       Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
       offset += count;
     }
-    status = Allreduce(nullptr, buffer, total, wire, head.op);
+    status = router_->Run(nullptr, buffer, total, wire, head.op);
     offset = 0;
     for (size_t k = 0; k < batch_size && status.ok(); ++k) {
       const int64_t count = batch[k].NumElements();

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "hora/algo/shm_allreduce.h"
+#include "hora/algo/allreduce_router.h"
 #include "hora/comm/communicator.h"
 #include "hora/core/config.h"
 #include "hora/core/fusion_buffer.h"
@@ -22,11 +22,11 @@ class Executor {
   // A transport failure is returned after failing the affected Works; the
   // engine then stops.
   Status Run(const std::vector<Response>& responses);
-  // Reduces through this host's shared memory from now on.
-  void UseSharedMemory(std::unique_ptr<ShmSegment> segment);
+  // The allreduce algorithms; set once before the first Run.
+  void SetRouter(std::unique_ptr<AllreduceRouter> router) { router_ = std::move(router); }
+  const AllreduceRouter* router() const { return router_.get(); }
 
  private:
-  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
   // Runs batch[0..batch_size) as one fused allreduce.
   Status RunAllreduce(const Response* batch, size_t batch_size);
@@ -39,8 +39,8 @@ class Executor {
   TensorQueue* queue_;
   int64_t fusion_threshold_bytes_;
   FusionBuffer fusion_buffer_;
-  std::unique_ptr<ShmSegment> shm_segment_;
-  std::unique_ptr<ShmAllreduce> shm_allreduce_;
+  std::unique_ptr<AllreduceRouter> router_;
+  std::vector<Piece> pieces_;
 };
 
 }  // namespace hora

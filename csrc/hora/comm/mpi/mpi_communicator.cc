@@ -140,9 +140,28 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
   Topology& t = result->topology_;
   MPI_Comm_rank(result->comm_, &t.rank);
   MPI_Comm_size(result->comm_, &t.size);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  t.hostname = options.hostname.empty() ? std::string(host) : options.hostname;
   MPI_Comm local;
-  HORA_MPI_CALL(MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL,
-                                    &local));
+  if (options.hostname.empty()) {
+    HORA_MPI_CALL(MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL,
+                                      &local));
+  } else {
+    // Ranks that name the same host form a host; its lowest rank is the color.
+    std::vector<char> names(static_cast<size_t>(t.size) * 256, 0);
+    char mine[256] = {0};
+    std::strncpy(mine, options.hostname.c_str(), sizeof(mine) - 1);
+    HORA_MPI_CALL(MPI_Allgather(mine, 256, MPI_CHAR, names.data(), 256, MPI_CHAR, result->comm_));
+    int color = t.rank;
+    for (int r = 0; r < t.size; ++r) {
+      if (std::strncmp(&names[static_cast<size_t>(r) * 256], mine, 256) == 0) {
+        color = r;
+        break;
+      }
+    }
+    HORA_MPI_CALL(MPI_Comm_split(result->comm_, color, t.rank, &local));
+  }
   MPI_Comm_rank(local, &t.local_rank);
   MPI_Comm_size(local, &t.local_size);
   MPI_Comm cross;
@@ -153,13 +172,24 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
   MPI_Allreduce(MPI_IN_PLACE, &min_local, 1, MPI_INT, MPI_MIN, result->comm_);
   MPI_Allreduce(MPI_IN_PLACE, &max_local, 1, MPI_INT, MPI_MAX, result->comm_);
   t.homogeneous = min_local == max_local;
-  MPI_Comm_free(&local);
-  MPI_Comm_free(&cross);
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  t.hostname = host;
+  result->local_ = Part(local, true);
+  result->cross_ = Part(cross, false);
   *out = std::move(result);
   return Status::OK();
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::Part(MPI_Comm comm, bool one_host) {
+  std::unique_ptr<MpiCommunicator> part(new MpiCommunicator());
+  part->comm_ = comm;
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  Topology& t = part->topology_;
+  MPI_Comm_rank(comm, &t.rank);
+  MPI_Comm_size(comm, &t.size);
+  t.local_rank = one_host ? t.rank : 0;
+  t.local_size = one_host ? t.size : 1;
+  t.cross_rank = one_host ? 0 : t.rank;
+  t.cross_size = one_host ? 1 : t.size;
+  return part;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -278,6 +308,37 @@ Status MpiCommunicator::ReduceScatter(const void* send, void* recv,
   std::vector<int> counts, displs;
   HORA_RETURN_IF_ERROR(ToIntCounts(recv_counts, &counts, &displs));
   HORA_MPI_CALL(MPI_Reduce_scatter(send, recv, counts.data(), type, mpi_op, comm_));
+  return Status::OK();
+}
+
+Status MpiCommunicator::PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) {
+  if (bytes > INT_MAX) return Status::Internal("point-to-point message over 2 GiB");
+  requests_.push_back(MPI_REQUEST_NULL);
+  *id = static_cast<int>(requests_.size()) - 1;
+  HORA_MPI_CALL(MPI_Isend(buffer, static_cast<int>(bytes), MPI_BYTE, dest, tag, comm_,
+                          &requests_.back()));
+  return Status::OK();
+}
+
+Status MpiCommunicator::PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) {
+  if (bytes > INT_MAX) return Status::Internal("point-to-point message over 2 GiB");
+  requests_.push_back(MPI_REQUEST_NULL);
+  *id = static_cast<int>(requests_.size()) - 1;
+  HORA_MPI_CALL(MPI_Irecv(buffer, static_cast<int>(bytes), MPI_BYTE, source, tag, comm_,
+                          &requests_.back()));
+  return Status::OK();
+}
+
+Status MpiCommunicator::Wait(int id) {
+  HORA_MPI_CALL(MPI_Wait(&requests_[id], MPI_STATUS_IGNORE));
+  return Status::OK();
+}
+
+Status MpiCommunicator::WaitAll() {
+  const int n = static_cast<int>(requests_.size());
+  const int code = MPI_Waitall(n, requests_.data(), MPI_STATUSES_IGNORE);
+  requests_.clear();
+  HORA_MPI_CALL(code);
   return Status::OK();
 }
 

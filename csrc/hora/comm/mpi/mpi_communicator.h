@@ -2,6 +2,8 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "hora/comm/communicator.h"
 
@@ -11,6 +13,9 @@ namespace hora {
 struct MpiInitOptions {
   MPI_Comm comm = MPI_COMM_NULL;  // a caller's communicator (mpi4py), or NULL
   std::vector<int> ranks;         // a subset of MPI_COMM_WORLD, or empty
+  // Which host this rank counts as; empty means ranks that share memory
+  // (MPI_COMM_TYPE_SHARED) form a host. Set from HORA_HOSTNAME.
+  std::string hostname;
 };
 
 class MpiCommunicator : public Communicator {
@@ -35,6 +40,12 @@ class MpiCommunicator : public Communicator {
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
                        DataType dtype, ReduceOp op) override;
   Status Barrier() override;
+  Status PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) override;
+  Status PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) override;
+  Status Wait(int id) override;
+  Status WaitAll() override;
+  Communicator* local() override { return local_.get(); }
+  Communicator* cross() override { return cross_.get(); }
   std::string Describe() const override;
 
   // Finalizes MPI at process exit if hora was the one to initialize it.
@@ -43,8 +54,14 @@ class MpiCommunicator : public Communicator {
 
  private:
   MpiCommunicator() = default;
+  // Wraps `comm` (taking ownership) as a part of a larger communicator.
+  static std::unique_ptr<MpiCommunicator> Part(MPI_Comm comm, bool one_host);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   Topology topology_;
+  std::unique_ptr<MpiCommunicator> local_;
+  std::unique_ptr<MpiCommunicator> cross_;
+  std::vector<MPI_Request> requests_;
 };
 
 }  // namespace hora
