@@ -1,7 +1,12 @@
-"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,idle}
+"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,idle,torch-synthetic}
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
+    horarun -np 2 python -m hora.bench torch-synthetic --model resnet20 --json out.json
+
+torch-synthetic (training images/sec with hora.torch.DistributedOptimizer, in
+the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
+    python -m hora.bench torch-synthetic --help
 """
 
 import argparse
@@ -169,8 +174,14 @@ def plot(rows, path):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "torch-synthetic":
+        from hora.bench import torch_synthetic  # needs torch, which the others do not
+        return torch_synthetic.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "idle"])
+    parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "idle",
+                                                                    "torch-synthetic"],
+                        help="torch-synthetic has options of its own: torch-synthetic --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none)")
