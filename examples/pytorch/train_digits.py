@@ -115,6 +115,10 @@ def main():
         saved = torch.load(args.checkpoint)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
+        # the saved learning rate was scaled for the saving job's size; this
+        # job may run on a different number of ranks
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * size
         first_epoch = saved["epoch"] + 1
         print(f"resuming from {args.checkpoint} after epoch {first_epoch}", flush=True)
     first_epoch = hvd.broadcast_object(first_epoch, root_rank=0, name="first_epoch")
