@@ -350,3 +350,28 @@ def test_adasum_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="Adasum"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(), op=hvd.Adasum)
+
+
+def test_num_groups_positional_as_in_horovods_signature(rank, size):
+    """Horovod's DistributedOptimizer(optimizer, named_parameters,
+    compression, backward_passes_per_step, op, gradient_predivide_factor,
+    num_groups, groups, ...): the older num_groups still groups the
+    reductions, with a DeprecationWarning."""
+    torch.manual_seed(3)
+    model = Net()
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.3),
+                                             model.named_parameters(), hvd.Compression.none,
+                                             1, hvd.Average, 1.0, 2)
+    assert [len(unit) for unit in optimizer._hora_units] == [4, 4]  # 8 tensors in 2 groups
+    torch.manual_seed(3)
+    reference = Net()
+    start = flat(reference)
+    data, target = digits_batch("num_groups", rank)
+    F.nll_loss(model(data), target).backward()
+    optimizer.step()
+    batches = [digits_batch("num_groups", r) for r in range(size)]
+    (sum(F.nll_loss(reference(x), y) for x, y in batches) / size).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.3).step()
+    assert_identical_on_every_rank(flat(model))
+    assert_moved_and_close(model, reference, start, 1e-5)

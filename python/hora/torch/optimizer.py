@@ -315,8 +315,8 @@ def _split_units(params, groups):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=ReduceOp.Average,
-                         gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
-                         process_set=None):
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None):
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -341,6 +341,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         gradient_predivide_factor: with Average, gradients are divided by
             this factor before the sum and by ``size() / factor`` after it
             (default 1.0).
+        num_groups: Horovod's older spelling of an int ``groups``; a
+            non-zero value warns (``DeprecationWarning``) and is used when
+            ``groups`` is None. It sits before ``groups`` so that positional
+            arguments line up with Horovod's signature.
         groups: None or 0 (each gradient reduced separately), an int ``k``
             (parameters split into ``k`` groups reduced as fused units), or a
             list of lists of parameters (each list one unit; parameters not
@@ -358,6 +362,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     ``backward_passes_per_step``, or an optimizer that is already wrapped.
     """
     check_process_set(process_set, "DistributedOptimizer")
+    if num_groups != 0:
+        warnings.warn("DistributedOptimizer: num_groups is deprecated (as in Horovod); pass "
+                      "groups instead", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
