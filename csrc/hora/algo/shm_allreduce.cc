@@ -10,15 +10,10 @@
 #include <thread>
 
 #include "hora/algo/kernels/kernel_set.h"
+#include "hora/common/backoff.h"
 
 namespace hora {
 namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // Elements reduced at a time inside a sub-slice, so the output block stays
 // in L1 between the reduction passes and the streaming store.
@@ -39,17 +34,18 @@ Status ShmAllreduce::WaitAll(std::atomic<uint64_t> ShmControl::*flag, uint64_t t
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const ShmControl* control = segment_->control(peer);
-    uint64_t spins = 0;
+    Backoff backoff;
+    uint64_t naps = 0;
     while ((control->*flag).load(std::memory_order_acquire) < target) {
-      ++spins;
-      if (oversubscribed_ || spins > 4096) {
-        sched_yield();
+      if (oversubscribed_) {
+        sched_yield();  // the peer needs this core to make progress
       } else {
-        CpuRelax();
+        backoff.Pause();
       }
       // Now and then make sure the peer still exists, so a crashed rank
-      // turns into an error instead of a spin that never ends.
-      if ((spins & 0xffff) == 0 && kill(control->pid, 0) != 0 && errno == ESRCH) {
+      // turns into an error instead of a wait that never ends.
+      if ((oversubscribed_ || backoff.Sleeping()) && (++naps & 0x3ff) == 0 &&
+          kill(control->pid, 0) != 0 && errno == ESRCH) {
         return Status::Internal("rank " + std::to_string(peer) +
                                 " exited during a shared-memory allreduce");
       }

@@ -62,6 +62,13 @@ class Communicator {
   virtual Status Wait(int id) = 0;
   virtual Status WaitAll() = 0;
 
+  // Blocking collectives are the fastest way to wait when the peers are
+  // about to arrive; nonblocking ones completed with naps cost no CPU while
+  // they are late. MPI does not match one kind against the other, so every
+  // rank must make the same choice for each collective: the engine sets it
+  // from state all ranks share.
+  virtual void SetBlockingCollectives(bool blocking) = 0;
+
   // The ranks on this host, and the ranks with this rank's local rank on
   // every host (for hierarchical algorithms). Owned by this communicator;
   // nullptr on communicators that are themselves such a part.

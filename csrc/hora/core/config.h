@@ -33,9 +33,10 @@ struct Config {
   std::string hostname;
   // Element-wise kernel set: auto, generic, avx2, avx512.
   std::string cpu_kernels = "auto";
-  // After a cycle that had work, keep cycling back to back for this long
-  // before sleeping, so tensors arriving in a burst start at once. 0 turns
-  // it off; it is also off when the host has more ranks than cores.
+  // While a caller waits for a result, and this long after, engines run
+  // cycles back to back instead of sleeping, so the next tensor starts at
+  // once. 0 turns it off; it is also off when the host has more ranks than
+  // cores.
   int64_t spin_us = 200;
 
   // Reads the settings through `lookup` (getenv in production, a map in

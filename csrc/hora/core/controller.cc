@@ -8,6 +8,8 @@ namespace hora {
 namespace {
 
 constexpr uint64_t kFlagUncached = 1;
+constexpr uint64_t kFlagWaiting = 2;   // a caller on this rank waits for a result
+constexpr uint64_t kFlagRootIdle = 4;  // set by rank 0 only
 
 int64_t Words(int64_t bits) { return (bits + 63) / 64; }
 void SetBit(uint64_t* words, int64_t bit) { words[bit / 64] |= uint64_t(1) << (bit % 64); }
@@ -37,7 +39,7 @@ void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int
 }
 
 Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
-                            CycleResult* result) {
+                            bool waiting, bool root_idle, CycleResult* result) {
   const int size = comm_->size();
   const int rank = comm_->rank();
   std::vector<int64_t> invalid;
@@ -50,6 +52,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
                 shutdown_at = 1 + 2 * w + rw;
   std::vector<uint64_t> words(static_cast<size_t>(1 + 2 * w + 2 * rw), 0);
   words[0] = uncached_.empty() ? 0 : kFlagUncached;
+  if (waiting) words[0] |= kFlagWaiting;
+  if (rank == 0 && root_idle) words[0] |= kFlagRootIdle;
   for (const auto& item : pending_cached_) SetBit(&words[ready_at], item.first);
   for (int64_t slot : invalid) SetBit(&words[invalid_at], slot);
   if (joined) SetBit(&words[joined_at], rank);
@@ -108,6 +112,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
     HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses));
   }
 
+  result->waiting = (flags & kFlagWaiting) != 0;
+  result->go_idle = (flags & kFlagRootIdle) != 0;
   previous_joined_ = joined_ranks;
   if (result->joined_count == size) {
     result->all_joined = true;

@@ -29,14 +29,19 @@ struct CycleResult {
   int joined_count = 0;             // ranks that called join()
   bool all_joined = false;          // every rank has joined: joins complete
   int last_joined_rank = -1;
+  bool waiting = false;  // a caller on some rank is blocked on a result
+  bool go_idle = false;  // rank 0 decided to stop back-to-back cycling
 };
 
 class Controller {
  public:
   Controller(Communicator* comm, const Config& config);
 
-  Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
-                  CycleResult* result);
+  // `waiting`: a caller of this rank is blocked on a result. `root_idle` is
+  // rank 0's say on whether the engines go back to sleep after this cycle
+  // (ignored on other ranks); it comes back in go_idle.
+  Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined, bool waiting,
+                  bool root_idle, CycleResult* result);
   // Requests that still have to reach the coordinator (e.g. moved off an
   // evicted cache entry): the engine must ask for another cycle.
   bool HasUnsentRequests() const { return !uncached_.empty(); }

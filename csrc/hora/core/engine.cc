@@ -1,9 +1,13 @@
 #include "hora/core/engine.h"
 
+#include <sched.h>
+#include <sys/prctl.h>
+
 #include <chrono>
 #include <sstream>
 
 #include "hora/algo/kernels/kernel_set.h"
+#include "hora/common/backoff.h"
 #include "hora/common/logging.h"
 
 namespace hora {
@@ -41,6 +45,13 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
                      << engine->comm_->Describe() << "; " << config.Describe() << "; "
                      << engine->executor_.router()->Describe();
   }
+  // Back-to-back cycles only pay off when every rank has a core to itself
+  // and no minimum cycle spacing was asked for.
+  const Topology& t = engine->comm_->topology();
+  const bool oversubscribed = t.local_size > static_cast<int>(std::thread::hardware_concurrency());
+  if (config.cycle_time_ms == 0 && !oversubscribed && t.size > 1) {
+    engine->spin_window_ = std::chrono::microseconds(config.spin_us);
+  }
   Engine* raw = engine.get();
   engine->thread_ = std::thread([raw] { raw->Loop(); });
   *out = std::move(engine);
@@ -68,7 +79,13 @@ Status Engine::Join(std::shared_ptr<Work>* work) {
 void Engine::Shutdown() {
   shutdown_requested_ = true;
   if (wakeup_) wakeup_->NotifyLocal();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+    using Ms = std::chrono::duration<double, std::milli>;
+    HORA_LOG(kDebug) << "engine: " << stats_.cycles << " cycles (" << stats_.working_cycles
+                     << " with work), " << Ms(stats_.negotiation).count() << " ms negotiating, "
+                     << Ms(stats_.execution).count() << " ms running collectives";
+  }
   Stop(Status::Shutdown("hora has been shut down on this rank"));
 }
 
@@ -94,11 +111,12 @@ bool Engine::HasLocalWork() const {
 }
 
 void Engine::Loop() {
+  // Naps while waiting for peers are a few microseconds; the default 50 us
+  // timer slack would stretch each of them.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const bool root = comm_->rank() == 0;
   const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
   auto last_start = std::chrono::steady_clock::now() - std::chrono::hours(1);
-  int pending_starts = 0;  // other ranks: cycles rank 0 has started
-  int pending_wants = 0;   // rank 0: cycles other ranks asked for
   bool want_sent = false;
   const bool alone = comm_->size() == 1;
 
@@ -106,7 +124,7 @@ void Engine::Loop() {
     WakeupChannel::Events events;
     Status status;
     if (root) {
-      if (!HasLocalWork() && pending_wants == 0) {
+      if (!HasLocalWork() && pending_wants_ == 0) {
         status = wakeup_->Wait(-1, &events);
       } else {
         const auto since = std::chrono::steady_clock::now() - last_start;
@@ -114,26 +132,26 @@ void Engine::Loop() {
           const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cycle_time - since);
           status = wakeup_->Wait(static_cast<int>(left.count()) + 1, &events);
         } else {
-          pending_wants = 0;
+          pending_wants_ = 0;
           last_start = std::chrono::steady_clock::now();
           if (!alone) status = wakeup_->StartCycle();
-          if (status.ok() && !RunOneCycle()) return;
+          if (status.ok() && !RunCycles()) return;
           if (status.ok() && !alone) status = wakeup_->Wait(0, &events);
         }
       }
-      pending_wants += events.wants;
+      pending_wants_ += events.wants;
     } else {
-      if (pending_starts == 0) {
+      if (pending_starts_ == 0) {
         if (HasLocalWork() && !want_sent) {
           status = wakeup_->RequestCycle();
           want_sent = true;
         }
         if (status.ok()) status = wakeup_->Wait(-1, &events);
-        pending_starts += events.starts;
+        pending_starts_ += events.starts;
       } else {
-        --pending_starts;
+        --pending_starts_;
         want_sent = false;
-        if (!RunOneCycle()) return;
+        if (!RunCycles()) return;
       }
     }
     if (status.ok() && events.lost_rank >= 0) {
@@ -148,24 +166,73 @@ void Engine::Loop() {
   }
 }
 
-bool Engine::RunOneCycle() {
+bool Engine::RunCycles() {
+  uint64_t hot = 0;
+  for (;;) {
+    bool go_idle = true;
+    if (!RunOneCycle(&go_idle)) return false;
+    if (go_idle) return true;
+    // Let this process's own threads (the caller about to submit the next
+    // tensor) run first if they share this core.
+    if (!HasLocalWork()) sched_yield();
+    // Staying hot: every rank runs the next cycle at once, without a
+    // wake-up. Now and then look for a lost connection, which a blocking
+    // collective could otherwise wait on for ever.
+    if ((++hot & 15) == 0) {
+      WakeupChannel::Events events;
+      Status status = wakeup_->Wait(0, &events);
+      if (status.ok() && events.lost_rank >= 0) {
+        status = Status::Internal("lost the connection to rank " +
+                                  std::to_string(events.lost_rank) +
+                                  " (its process has probably exited or crashed)");
+      }
+      if (!status.ok()) {
+        HORA_LOG(kError) << status.message();
+        Stop(status);
+        return false;
+      }
+      pending_wants_ += events.wants;
+      pending_starts_ += events.starts;
+    }
+  }
+}
+
+bool Engine::RunOneCycle(bool* go_idle) {
   std::vector<Request> requests;
   queue_.TakeNewRequests(&requests);
   const bool joined = join_requested_.load();
   const bool shutdown = shutdown_requested_.load();
   join_announced_ = joined;
   shutdown_announced_ = shutdown;
+  const auto now = std::chrono::steady_clock::now();
+  const bool root_idle = now - last_wait_ >= spin_window_;
 
   CycleResult result;
-  Status status = controller_.RunCycle(std::move(requests), shutdown, joined, &result);
+  const bool waiting = Work::Waiters() > 0;
+  SpinWhileWaiting().store(waiting, std::memory_order_relaxed);
+  // A hot cycle follows one in which some caller was waiting: the peers
+  // are right behind, so blocking calls are fastest. Every rank knows
+  // whether this cycle is hot, and (after negotiating) whether anyone waits.
+  comm_->SetBlockingCollectives(hot_);
+  Status status = controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle,
+                                       &result);
+  const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
+    comm_->SetBlockingCollectives(result.waiting);
     status = executor_.Run(result.responses);
   }
+  ++stats_.cycles;
+  if (!result.responses.empty()) ++stats_.working_cycles;
+  stats_.negotiation += negotiated - now;
+  stats_.execution += std::chrono::steady_clock::now() - negotiated;
   if (!status.ok()) {
     HORA_LOG(kError) << status.message();
     Stop(status);
     return false;
   }
+  if (result.waiting) last_wait_ = std::chrono::steady_clock::now();
+  *go_idle = result.go_idle;
+  hot_ = !result.go_idle;
   if (result.all_joined) {
     std::lock_guard<std::mutex> lock(join_mutex_);
     if (join_work_) {

@@ -8,6 +8,7 @@
 // order with the other ranks, fuses, and runs the transport calls. Having
 // exactly one also keeps every MPI call on a single thread.
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -45,8 +46,10 @@ class Engine {
   Engine(std::unique_ptr<Communicator> comm, const Config& config);
   void Loop();
   bool HasLocalWork() const;
+  // Runs one cycle, then more back to back while rank 0 says to stay hot.
   // Returns false when the engine must stop.
-  bool RunOneCycle();
+  bool RunCycles();
+  bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
 
   std::unique_ptr<Communicator> comm_;
@@ -56,6 +59,20 @@ class Engine {
   Controller controller_;
   Executor executor_;
   std::thread thread_;
+  // Spinning (back-to-back cycles while callers wait for results, and for
+  // spin_window_ after) is rank 0's decision. Nobody waiting means the
+  // callers are computing, and a spinning engine would only steal their core.
+  std::chrono::microseconds spin_window_{0};
+  std::chrono::steady_clock::time_point last_wait_;
+  bool hot_ = false;  // the last cycle asked for another one at once
+  struct Stats {
+    uint64_t cycles = 0;
+    uint64_t working_cycles = 0;
+    std::chrono::steady_clock::duration negotiation{0};
+    std::chrono::steady_clock::duration execution{0};
+  } stats_;  // engine thread only; logged at debug level on shutdown
+  int pending_starts_ = 0;  // other ranks: cycles rank 0 has started
+  int pending_wants_ = 0;   // rank 0: cycles other ranks asked for
 
   std::mutex join_mutex_;
   std::shared_ptr<Work> join_work_;

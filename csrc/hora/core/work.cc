@@ -1,6 +1,13 @@
 #include "hora/core/work.h"
 
+#include <atomic>
+
 namespace hora {
+namespace {
+std::atomic<int> g_waiters{0};
+}  // namespace
+
+int Work::Waiters() { return g_waiters.load(std::memory_order_relaxed); }
 
 void Work::Complete(const Status& status) {
   {
@@ -14,7 +21,11 @@ void Work::Complete(const Status& status) {
 
 Status Work::Wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return done_; });
+  if (!done_) {
+    g_waiters.fetch_add(1, std::memory_order_relaxed);
+    done_cv_.wait(lock, [this] { return done_; });
+    g_waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
   return status_;
 }
 

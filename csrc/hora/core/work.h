@@ -18,6 +18,9 @@ class Work {
   // Blocks until completion. Never call with the Python GIL held.
   Status Wait();
   bool Poll() const;
+  // How many threads of this process are blocked in Wait() right now; the
+  // engine keeps cycling back to back only while someone is waiting.
+  static int Waiters();
 
   // Outputs the engine fills in before Complete() for collectives whose
   // output size is decided by negotiation.

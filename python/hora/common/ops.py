@@ -61,7 +61,8 @@ def _wire(array):
     """The array as the core sees it: NumPy has no native bfloat16, so an
     ml_dtypes bfloat16 array travels as its 16 bits plus a dtype tag."""
     dtype = getattr(array, "dtype", None)
-    if getattr(dtype, "name", None) == "bfloat16":
+    # dtype.kind is cheap and "V" is rare; dtype.name is built on every access
+    if getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16":
         return array.view(np.int16), _BFLOAT16
     return array, -1
 

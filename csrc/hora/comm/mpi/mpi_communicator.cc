@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "hora/common/backoff.h"
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -216,9 +218,25 @@ std::string MpiCommunicator::LibraryVersion() {
 
 std::string MpiCommunicator::Describe() const { return "MPI (" + LibraryVersion() + ")"; }
 
+Status MpiCommunicator::Complete(MPI_Request* request) {
+  Backoff backoff;
+  for (;;) {
+    int done = 0;
+    HORA_MPI_CALL(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return Status::OK();
+    backoff.Pause();
+  }
+}
+
 Status MpiCommunicator::AllreduceBitAnd(uint64_t* words, int count) {
-  HORA_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_));
-  return Status::OK();
+  if (blocking_) {
+    HORA_MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_));
+    return Status::OK();
+  }
+  MPI_Request request;
+  HORA_MPI_CALL(
+      MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, MPI_BAND, comm_, &request));
+  return Complete(&request);
 }
 
 Status MpiCommunicator::GatherBytes(const std::string& mine, int root,
@@ -264,7 +282,13 @@ Status MpiCommunicator::Allreduce(const void* send, void* recv, int64_t count, D
     const int piece = static_cast<int>(std::min<int64_t>(INT_MAX, count - offset));
     char* r = static_cast<char*>(recv) + offset * element;
     const void* s = send == nullptr ? MPI_IN_PLACE : static_cast<const char*>(send) + offset * element;
-    HORA_MPI_CALL(MPI_Allreduce(s, r, piece, type, mpi_op, comm_));
+    if (blocking_) {
+      HORA_MPI_CALL(MPI_Allreduce(s, r, piece, type, mpi_op, comm_));
+    } else {
+      MPI_Request request;
+      HORA_MPI_CALL(MPI_Iallreduce(s, r, piece, type, mpi_op, comm_, &request));
+      HORA_RETURN_IF_ERROR(Complete(&request));
+    }
   }
   return Status::OK();
 }
@@ -329,16 +353,20 @@ Status MpiCommunicator::PostRecv(void* buffer, int64_t bytes, int source, int ta
   return Status::OK();
 }
 
-Status MpiCommunicator::Wait(int id) {
-  HORA_MPI_CALL(MPI_Wait(&requests_[id], MPI_STATUS_IGNORE));
-  return Status::OK();
-}
+Status MpiCommunicator::Wait(int id) { return Complete(&requests_[id]); }
 
 Status MpiCommunicator::WaitAll() {
-  const int n = static_cast<int>(requests_.size());
-  const int code = MPI_Waitall(n, requests_.data(), MPI_STATUSES_IGNORE);
+  Backoff backoff;
+  for (;;) {
+    int done = 0;
+    const int code = MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                                 MPI_STATUSES_IGNORE);
+    if (code != MPI_SUCCESS) requests_.clear();
+    HORA_MPI_CALL(code);
+    if (done) break;
+    backoff.Pause();
+  }
   requests_.clear();
-  HORA_MPI_CALL(code);
   return Status::OK();
 }
 

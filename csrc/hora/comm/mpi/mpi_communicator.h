@@ -44,6 +44,11 @@ class MpiCommunicator : public Communicator {
   Status PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) override;
   Status Wait(int id) override;
   Status WaitAll() override;
+  void SetBlockingCollectives(bool blocking) override {
+    blocking_ = blocking;
+    if (local_) local_->SetBlockingCollectives(blocking);
+    if (cross_) cross_->SetBlockingCollectives(blocking);
+  }
   Communicator* local() override { return local_.get(); }
   Communicator* cross() override { return cross_.get(); }
   std::string Describe() const override;
@@ -56,12 +61,16 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator() = default;
   // Wraps `comm` (taking ownership) as a part of a larger communicator.
   static std::unique_ptr<MpiCommunicator> Part(MPI_Comm comm, bool one_host);
+  // Completes a nonblocking call, napping (see common/backoff.h) rather than
+  // spinning while the peers are late.
+  Status Complete(MPI_Request* request);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   Topology topology_;
   std::unique_ptr<MpiCommunicator> local_;
   std::unique_ptr<MpiCommunicator> cross_;
   std::vector<MPI_Request> requests_;
+  bool blocking_ = false;
 };
 
 }  // namespace hora
