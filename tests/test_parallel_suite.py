@@ -17,7 +17,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent
-JOB_TIMEOUT_SECONDS = int(os.environ.get("HORA_TEST_JOB_TIMEOUT", "900"))
+JOB_TIMEOUT_SECONDS = int(os.environ.get("HORA_TEST_JOB_TIMEOUT", "600"))
 
 
 def cpu_has(flag):
@@ -44,7 +44,8 @@ def test_parallel_suite(world_size, algorithm, fake_hosts, kernels):
                HORA_TEST_FAKE_HOSTS=str(fake_hosts), HORA_CPU_KERNELS=kernels)
     command = [sys.executable, "-m", "hora.runner", "-np", str(world_size),
                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               *skip, str(ROOT / "parallel")]
+               # A test stuck for minutes prints every thread's Python stack.
+               "-o", "faulthandler_timeout=240", *skip, str(ROOT / "parallel")]
     try:
         job = subprocess.run(command, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_SECONDS)

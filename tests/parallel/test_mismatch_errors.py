@@ -288,3 +288,19 @@ def test_grouped_member_count_mismatch(rank, size):
     assert isinstance(error, hora.HoraMismatchError), f"expected HoraMismatchError, got {error!r}"
     assert seconds < MAX_SECONDS
     usable()
+
+
+def test_grouped_member_count_mismatch_with_a_late_rank(rank, size):
+    # The last rank submits well after the others, which already disagree
+    # among themselves (at 3+ ranks): the error must wait for its members
+    # too, or they would never be answered.
+    name = "mismatch.group_size_late"
+    tensors = [np.ones(2, np.float32)] * (2 if rank == 0 else 3)
+    if rank == size - 1:
+        time.sleep(0.5)
+    error, seconds = attempt(lambda: hora.grouped_allreduce(tensors, name=name, op=hora.Sum))
+    usable = still_usable(name + ".after", size)
+    assert isinstance(error, hora.HoraMismatchError), f"expected HoraMismatchError, got {error!r}"
+    assert "Mismatched number of tensors" in str(error) and "rank 0 sent 2" in str(error), str(error)
+    assert seconds < MAX_SECONDS
+    usable()

@@ -85,6 +85,13 @@ std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
   }
   std::unordered_map<std::string, std::string> failed_groups;
   for (auto& item : group_sizes) {
+    // Decide only once every rank has sent its members (a rank submits a
+    // whole group at once): an error sent earlier would miss the members
+    // of the ranks still to come, which would then wait for ever.
+    const std::vector<bool>& seen = group_seen[item.first];
+    bool everyone = true;
+    for (int r = 0; r < size_; ++r) everyone = everyone && (seen[r] || joined[r]);
+    if (!everyone) continue;
     std::sort(item.second.begin(), item.second.end());
     for (const auto& value : item.second) {
       if (value.second != item.second.front().second) {

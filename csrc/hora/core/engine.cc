@@ -234,14 +234,18 @@ bool Engine::RunOneCycle(bool* go_idle) {
   *go_idle = result.go_idle;
   hot_ = !result.go_idle;
   if (result.all_joined) {
+    // Clear the request before waking the caller, under the lock that
+    // Join() takes: a caller that returns and joins again at once must find
+    // its new request still set, or it would never be announced (every rank
+    // would then wait for this one for ever).
     std::lock_guard<std::mutex> lock(join_mutex_);
+    join_requested_ = false;
+    join_announced_ = false;
     if (join_work_) {
       join_work_->join_last_rank = result.last_joined_rank;
       join_work_->Complete(Status::OK());
       join_work_.reset();
     }
-    join_requested_ = false;
-    join_announced_ = false;
   }
   if (!result.shutdown_ranks.empty()) {
     const bool self = shutdown;
