@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "errors.h"
+#include "hora/algo/kernels/kernel_set.h"
 #include "hora/comm/mpi/mpi_communicator.h"
 #include "hora/common/build_config.h"
 #include "hora/common/logging.h"
@@ -97,6 +98,9 @@ py::dict BuildInfo() {
   info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);
   info["nccl_built"] = static_cast<bool>(HORA_HAVE_NCCL);
   info["compiler"] = HORA_COMPILER;
+  py::dict kernels;  // compiled-in CPU kernel set -> whether this CPU runs it
+  for (const auto& item : KernelAvailability()) kernels[py::str(item.first)] = item.second;
+  info["cpu_kernels"] = kernels;
   return info;
 }
 

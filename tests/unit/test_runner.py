@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from hora.runner import cli, mpi_command, rank_exec
-from hora.runner.mpi_command import HYDRA, OPEN_MPI, MpiError
+from hora.runner import markers
+from hora.runner.hosts import Host
+from hora.runner.mpi_command import INTEL_MPI, MPICH, OPEN_MPI, LaunchSpec, MpiError
 
 
 OPEN_MPI_5_VERSION = "mpirun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
@@ -33,9 +35,16 @@ def test_detects_open_mpi(text):
     assert mpi_command.detect_flavour(text) == OPEN_MPI
 
 
-@pytest.mark.parametrize("text", [MPICH_VERSION, INTEL_VERSION])
-def test_detects_hydra_based_mpis(text):
-    assert mpi_command.detect_flavour(text) == HYDRA
+@pytest.mark.parametrize("text, flavour", [(MPICH_VERSION, MPICH), (INTEL_VERSION, INTEL_MPI)])
+def test_detects_hydra_based_mpis(text, flavour):
+    assert mpi_command.detect_flavour(text) == flavour
+
+
+@pytest.mark.parametrize("text, described", [
+    (OPEN_MPI_5_VERSION, "Open MPI 5.0.11"), (OPEN_MPI_4_VERSION, "Open MPI 4.1.2"),
+    (MPICH_VERSION, "MPICH 4.1.2"), (INTEL_VERSION, "Intel MPI 2021.10")])
+def test_describes_the_mpi_version(text, described):
+    assert mpi_command.describe_version(text) == described
 
 
 def test_unknown_mpi_names_what_it_saw():
@@ -94,28 +103,55 @@ def test_missing_mpirun_says_how_to_get_one(tmp_path):
 
 # --- mpirun arguments ------------------------------------------------------
 
+def _args(flavour, num_proc, **fields):
+    fields.setdefault("cores", 4)
+    return mpi_command.build_mpirun_args(flavour, LaunchSpec(num_proc=num_proc, **fields))
+
+
 def test_open_mpi_minimal_args():
-    args = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=1000)
-    assert args == ["-np", "2"]
+    assert _args(OPEN_MPI, 2) == ["-np", "2", "--map-by", "slot:PE=2", "--bind-to", "core"]
 
 
 def test_open_mpi_root_flag_only_for_root():
-    as_root = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=0)
-    as_user = mpi_command.build_mpirun_args(OPEN_MPI, 2, env={}, cores=4, euid=1000)
-    assert "--allow-run-as-root" in as_root
-    assert "--allow-run-as-root" not in as_user
+    assert "--allow-run-as-root" in _args(OPEN_MPI, 2, euid=0)
+    assert "--allow-run-as-root" not in _args(OPEN_MPI, 2, euid=1000)
 
 
-@pytest.mark.parametrize("num_proc, cores, oversubscribed", [(2, 2, False), (3, 2, True), (1, 1, False), (8, 4, True)])
-def test_open_mpi_oversubscribes_only_beyond_core_count(num_proc, cores, oversubscribed):
-    args = mpi_command.build_mpirun_args(OPEN_MPI, num_proc, env={}, cores=cores, euid=1000)
+@pytest.mark.parametrize("num_proc, cores, oversubscribed, share", [
+    (2, 2, False, 1), (3, 2, True, None), (1, 1, False, 1), (8, 4, True, None), (1, 8, False, 8),
+    (3, 8, False, 2)])
+def test_open_mpi_binds_to_a_share_of_the_cores_unless_oversubscribed(num_proc, cores, oversubscribed,
+                                                                      share):
+    args = _args(OPEN_MPI, num_proc, cores=cores)
     assert args[:2] == ["-np", str(num_proc)]
     assert ("--oversubscribe" in args) == oversubscribed
+    binding = args[args.index("--bind-to") + 1]
     if oversubscribed:
-        position = args.index("--bind-to")
-        assert args[position + 1] == "none"
+        assert binding == "none" and "--map-by" not in args
     else:
-        assert "--bind-to" not in args
+        assert binding == "core" and args[args.index("--map-by") + 1] == f"slot:PE={share}"
+
+
+def test_hosts_decide_slots_oversubscription_and_share():
+    hosts = [Host("a", 2), Host("b", 1)]
+    fits = _args(OPEN_MPI, 3, hosts=hosts, cores=8)
+    assert fits[2:4] == ["-H", "a:2,b:1"]
+    assert "--oversubscribe" not in fits
+    # The busiest host runs 2 ranks, so each gets 8 // 2 cores.
+    assert fits[fits.index("--map-by") + 1] == "slot:PE=4"
+    beyond = _args(OPEN_MPI, 4, hosts=hosts, cores=8)
+    assert "--oversubscribe" in beyond and beyond[beyond.index("--bind-to") + 1] == "none"
+
+
+def test_binding_args_replace_the_default():
+    args = _args(OPEN_MPI, 2, binding_args=["--bind-to", "socket"])
+    assert args == ["-np", "2", "--bind-to", "socket"]
+    assert _args(OPEN_MPI, 2, binding_args=[]) == ["-np", "2"]
+
+
+def test_mpi_args_come_last_unchanged():
+    args = _args(OPEN_MPI, 2, mpi_args=["--mca", "btl", "tcp,self"], env_names=["PATH"])
+    assert args[-5:] == ["-x", "PATH", "--mca", "btl", "tcp,self"]
 
 
 SAMPLE_ENV = {
@@ -137,32 +173,47 @@ def test_forwarded_names():
 
 
 def test_open_mpi_forwards_env_with_x():
-    args = mpi_command.build_mpirun_args(OPEN_MPI, 2, env=SAMPLE_ENV, cores=4, euid=1000)
+    args = _args(OPEN_MPI, 2, env_names=FORWARDED, binding_args=[])
     pairs = list(zip(args[2::2], args[3::2]))
     assert pairs == [("-x", name) for name in FORWARDED]
-    assert "OMPI_MCA_btl" not in args and "HOME" not in args
 
 
-def test_hydra_args():
-    args = mpi_command.build_mpirun_args(HYDRA, 3, env=SAMPLE_ENV, cores=1, euid=0)
-    assert args == ["-n", "3", "-genvlist", ",".join(FORWARDED)]
+def test_mpich_args():
+    args = _args(MPICH, 3, env_names=FORWARDED, cores=1, euid=0)
+    assert args == ["-n", "3", "-bind-to", "none", "-genvlist", ",".join(FORWARDED)]
+    assert _args(MPICH, 2, cores=4) == ["-n", "2", "-bind-to", "core:2"]
 
 
-def test_hydra_without_env_has_no_genvlist():
-    assert mpi_command.build_mpirun_args(HYDRA, 1, env={}, cores=1, euid=0) == ["-n", "1"]
+def test_mpich_and_intel_take_hosts_from_a_machine_file():
+    hosts = [Host("a", 2), Host("b", 2)]
+    mpich = _args(MPICH, 4, hosts=hosts, machinefile="/tmp/m", cores=2)
+    assert mpich == ["-n", "4", "-f", "/tmp/m", "-bind-to", "core:1"]
+    intel = _args(INTEL_MPI, 4, hosts=hosts, machinefile="/tmp/m", cores=2)
+    assert intel == ["-n", "4", "-machinefile", "/tmp/m", "-genv", "I_MPI_PIN", "1",
+                     "-genv", "I_MPI_PIN_DOMAIN", "1"]
+    with pytest.raises(ValueError, match="machine file"):
+        _args(MPICH, 4, hosts=hosts)
+
+
+def test_intel_mpi_unpinned_when_oversubscribed():
+    assert _args(INTEL_MPI, 3, cores=2) == ["-n", "3", "-genv", "I_MPI_PIN", "0"]
 
 
 def test_unknown_flavour_is_rejected():
     with pytest.raises(ValueError):
-        mpi_command.build_mpirun_args("lam", 1, env={}, cores=1, euid=0)
+        _args("lam", 1)
 
 
 def test_full_command_runs_rank_exec_with_the_same_python():
-    cmd = cli.build_command("/venv/bin/mpirun", OPEN_MPI, 2, ["python", "train.py", "--lr", "0.1"], python="/venv/bin/python")
+    spec = LaunchSpec(num_proc=2, cores=2)
+    cmd = cli.build_command("/venv/bin/mpirun", OPEN_MPI, spec, ["python", "train.py", "--lr", "0.1"],
+                            python="/venv/bin/python")
     assert cmd[0] == "/venv/bin/mpirun"
     tail = ["/venv/bin/python", "-m", "hora.runner.rank_exec", "--", "python", "train.py", "--lr", "0.1"]
     assert cmd[-len(tail):] == tail
     assert cmd[1:3] == ["-np", "2"]
+    with_output = cli.build_command("/m", OPEN_MPI, spec, ["x"], python="/p", output_dir="/out")
+    assert with_output[-6:] == ["/p", "-m", "hora.runner.rank_exec", "--output-dir", "/out", "--", "x"][-6:]
 
 
 # --- rank environment ------------------------------------------------------
@@ -234,10 +285,14 @@ def _rank_exec(args, extra_env):
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_", "PMI", "MPI_LOCAL", "HORA_", "HOROVOD_"))}
     env.update(extra_env)
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "hora.runner.rank_exec", *args],
         env=env, capture_output=True, timeout=60,
     )
+    lines = done.stdout.splitlines(keepends=True)
+    done.markers = [markers.decode(line) for line in lines if markers.decode(line)]
+    done.stdout = b"".join(line for line in lines if not markers.decode(line))
+    return done
 
 
 def test_rank_exec_runs_command_with_rank_env():
@@ -245,6 +300,8 @@ def test_rank_exec_runs_command_with_rank_env():
     done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "2", "PMI_SIZE": "4"})
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"[2] 2 4 1\n"
+    host = done.markers[0].host
+    assert done.markers == [markers.Marker("started", 2, host), markers.Marker("exited", 2, host, "code=0")]
 
 
 def test_rank_exec_passes_exit_code_and_stderr():
@@ -259,12 +316,15 @@ def test_rank_exec_reports_death_by_signal():
     done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "1", "PMI_SIZE": "2"})
     assert done.returncode == 128 + signal.SIGKILL
     assert b"[1] killed by signal SIGKILL" in done.stderr
+    assert done.markers[-1].outcome == "signal=SIGKILL" and done.markers[-1].failed
+    assert done.markers[-1].describe() == "killed by SIGKILL"
 
 
 def test_rank_exec_missing_program():
     done = _rank_exec(["--", "no-such-program-for-hora"], {"PMI_RANK": "0", "PMI_SIZE": "1"})
     assert done.returncode == 127
     assert b"[0] cannot run 'no-such-program-for-hora'" in done.stderr
+    assert done.markers[-1].outcome == "code=127"
 
 
 def test_rank_exec_outside_mpi_is_a_clear_error():
@@ -284,6 +344,10 @@ def _parse_error(argv, capsys):
 
 def test_cli_requires_np(capsys):
     assert "-np" in _parse_error(["python", "train.py"], capsys)
+
+
+def test_check_build_needs_no_np():
+    assert cli.parse_args(["--check-build"]).check_build
 
 
 def test_cli_requires_a_command(capsys):
@@ -310,3 +374,65 @@ def test_cli_leaves_the_commands_own_options_alone():
 def test_cli_options_and_separator():
     args = cli.parse_args(["--num-proc", "3", "--verbose", "--", "python", "-c", "pass"])
     assert (args.num_proc, args.verbose, args.command) == (3, True, ["python", "-c", "pass"])
+
+
+def test_rank_exec_writes_output_files(tmp_path):
+    script = "import sys; print('to out'); sys.stderr.write('to err\\n')"
+    done = _rank_exec(["--output-dir", str(tmp_path), "--", sys.executable, "-c", script],
+                      {"PMI_RANK": "3", "PMI_SIZE": "4"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"" and done.stderr == b""
+    assert (tmp_path / "rank.3" / "stdout").read_text() == "to out\n"
+    assert (tmp_path / "rank.3" / "stderr").read_text() == "to err\n"
+
+
+def test_rank_exec_rejects_unknown_options():
+    done = _rank_exec(["--bogus", "--", "true"], {"PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert done.returncode == 2 and b"usage" in done.stderr
+
+
+def test_marker_round_trip_and_ordinary_lines():
+    marker = markers.Marker("exited", 12, "node-3.example", "signal=SIGTERM")
+    assert markers.decode(markers.encode(marker)) == marker
+    assert markers.decode(b"[0] hora-runner exited 1 x code=1\n") is None
+    assert markers.decode(b"\x1ehora-runner exited one x code=1\n") is None
+    assert not markers.Marker("exited", 0, "h", "code=0").failed
+
+
+def test_cli_hosts_and_hostfile_are_exclusive(capsys):
+    assert "not allowed with" in _parse_error(["-np", "2", "-H", "a:1", "--hostfile", "f", "x"], capsys)
+
+
+def test_cli_reports_bad_hosts(capsys):
+    assert "slot count" in _parse_error(["-np", "2", "-H", "a:zero", "x"], capsys)
+
+
+def test_cli_splits_mpi_and_binding_args():
+    args = cli.parse_args(["-np", "2", "--mpi-args", "--mca btl 'tcp,self'", "--binding-args", "", "x"])
+    assert args.mpi_args == ["--mca", "btl", "tcp,self"]
+    assert args.binding_args == []
+    assert cli.parse_args(["-np", "2", "x"]).binding_args is None
+
+
+def test_cli_rejects_bad_variable_names(capsys):
+    assert "environment variable name" in _parse_error(["-np", "2", "-x", "1ABC", "x"], capsys)
+
+
+def test_job_environment_maps_flags_and_x():
+    args = cli.parse_args(["-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+                           "--cache-capacity", "0", "--log-level", "debug",
+                           "-x", "MY_SETTING", "-x", "OTHER=5", "x"])
+    env, names = cli.job_environment(args, {"MY_SETTING": "on", "PATH": "/bin", "HOME": "/root"})
+    assert env["HORA_FUSION_THRESHOLD_BYTES"] == str(32 * 1024 * 1024)
+    assert env["HORA_CYCLE_TIME_MS"] == "2.5"
+    assert env["HORA_CACHE_CAPACITY"] == "0"
+    assert env["HORA_LOG_LEVEL"] == "debug"
+    assert env["OTHER"] == "5"
+    assert names == sorted(["HORA_FUSION_THRESHOLD_BYTES", "HORA_CYCLE_TIME_MS", "HORA_CACHE_CAPACITY",
+                            "HORA_LOG_LEVEL", "MY_SETTING", "OTHER", "PATH"])
+
+
+def test_job_environment_refuses_an_unset_x():
+    args = cli.parse_args(["-np", "2", "-x", "NOT_SET_ANYWHERE", "x"])
+    with pytest.raises(ValueError, match="NOT_SET_ANYWHERE is not set"):
+        cli.job_environment(args, {})

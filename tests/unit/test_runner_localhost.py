@@ -1,7 +1,9 @@
 """Real horarun jobs on this machine, using the installed hora and its mpirun."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -17,14 +19,14 @@ except mpi_command.MpiError as exc:
     pytest.skip(f"no usable mpirun: {exc}", allow_module_level=True)
 
 
-def horarun(num_proc, script, extra_env=None):
+def horarun(num_proc, script, extra_env=None, options=()):
     # Drop the rank variables of any job this test itself runs in, so the
     # inner mpirun starts a fresh job instead of joining the outer one.
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     env.update(extra_env or {})
     return subprocess.run(
-        [sys.executable, "-m", "hora.runner", "-np", str(num_proc), sys.executable, "-c", script],
+        [sys.executable, "-m", "hora.runner", "-np", str(num_proc), *options, sys.executable, "-c", script],
         env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )
 
@@ -58,7 +60,8 @@ def test_failing_rank_fails_the_job():
     assert done.returncode != 0
     if FLAVOUR == mpi_command.OPEN_MPI:
         assert done.returncode == 3
-    assert f"horarun: job failed with exit code {done.returncode}" in done.stderr
+    assert "horarun: rank 1 on host " in done.stderr
+    assert "failed first (exit code 3)" in done.stderr
 
 
 def test_rank_killed_by_signal_is_reported():
@@ -66,3 +69,111 @@ def test_rank_killed_by_signal_is_reported():
     done = horarun(2, script)
     assert done.returncode != 0
     assert "[1] killed by signal SIGKILL" in done.stderr
+
+
+def _hora_processes(token):
+    """PIDs of live processes whose command line holds ``token``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_rank_killed_mid_collective_stops_the_job(num_proc):
+    # The last rank dies by SIGKILL while every rank is inside a stream of
+    # allreduces; the survivors must be stopped, not left waiting for it.
+    token = f"hora-kill-test-{os.getpid()}-{num_proc}"
+    script = (
+        f"# {token}\n"
+        "import os, signal, numpy as np, hora\n"
+        "hora.init()\n"
+        "for step in range(1000000):\n"
+        "    hora.allreduce(np.ones(1000, np.float32), name='grad')\n"
+        "    if step == 50 and hora.rank() == hora.size() - 1:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    began = time.monotonic()
+    done = horarun(num_proc, script)
+    seconds = time.monotonic() - began
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr
+    assert f"horarun: rank {num_proc - 1} on host " in done.stderr
+    assert "failed first (killed by SIGKILL)" in done.stderr
+    assert seconds < 10 + 5, f"the job took {seconds:.1f} s to stop"  # 5 s: start-up of Python ranks
+    time.sleep(0.5)
+    assert _hora_processes(token) == [], "ranks outlived the job"
+
+
+def test_sigint_to_horarun_stops_every_rank():
+    token = f"hora-sigint-test-{os.getpid()}"
+    script = f"# {token}\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n"
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
+    job = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0
+        while seen < 2:
+            line = job.stdout.readline()
+            assert line, "the job ended before its ranks started"
+            seen += line.endswith("up\n")
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=20)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 128 + signal.SIGINT
+    assert "job stopped by SIGINT" in err
+    time.sleep(0.5)
+    assert _hora_processes(token) == []
+
+
+def test_output_filename_writes_one_directory_per_rank(tmp_path):
+    script = "import os, sys\nprint('out', os.environ['HORA_RANK'])\nsys.stderr.write('err\\n')\n"
+    done = horarun(3, script, options=["--output-filename", str(tmp_path / "logs")])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert sorted(os.listdir(tmp_path / "logs")) == ["rank.0", "rank.1", "rank.2"]
+    for rank in range(3):
+        assert (tmp_path / "logs" / f"rank.{rank}" / "stdout").read_text() == f"out {rank}\n"
+        assert (tmp_path / "logs" / f"rank.{rank}" / "stderr").read_text() == "err\n"
+    assert f"{tmp_path / 'logs'}/rank.<N>" in done.stderr
+
+
+def test_variables_reach_every_rank():
+    script = ("import os\nprint(os.environ.get('HORA_CYCLE_TIME_MS'), os.environ.get('MY_FLAG'),"
+              " os.environ.get('MY_VALUE'), os.environ.get('HORA_LOG_LEVEL'))\n")
+    done = horarun(2, script, extra_env={"MY_FLAG": "yes", "HORA_LOG_LEVEL": "error"},
+                   options=["--cycle-time-ms", "3", "-x", "MY_FLAG", "-x", "MY_VALUE=7"])
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"[{rank}] 3 yes 7 error" in done.stdout.splitlines(), done.stdout
+
+
+def test_ranks_are_bound_to_their_share_of_the_cores():
+    cores = mpi_command.usable_cores()
+    if FLAVOUR != mpi_command.OPEN_MPI:
+        pytest.skip("binding is checked with Open MPI's mapping")
+    script = "import os\nprint(len(os.sched_getaffinity(0)))\n"
+    done = horarun(1, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"[0] {cores}"
+    if cores >= 2:
+        done = horarun(2, script)
+        assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", str(cores // 2), str(cores // 2)])
+    done = horarun(cores + 1, script)
+    assert all(line.endswith(f" {cores}") for line in done.stdout.splitlines()), done.stdout
+
+
+def test_verbose_prints_the_mpirun_command():
+    done = horarun(1, "pass", options=["--verbose"])
+    assert done.returncode == 0
+    first = done.stderr.splitlines()[0]
+    assert "mpirun" in first and "hora.runner.rank_exec" in first

@@ -1,12 +1,22 @@
-"""The ``horarun`` command line: ``horarun -np N [--verbose] command [args...]``."""
-import argparse
-import shlex
-import signal
-import subprocess
-import sys
+"""The ``horarun`` command line.
 
+``horarun -np N [-H host:slots,... | --hostfile FILE] [options] command [args...]``
+runs ``command`` as N ranks through the ``mpirun`` that matches hora's MPI;
+``horarun --check-build`` reports what this install can do.
+"""
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+
+from hora.runner import check_build, hosts, supervise
 from hora.runner.mpi_command import (
-    MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun, pypi_mpirun, query_flavour)
+    OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun,
+    forwarded_env_names, pypi_mpirun, query_flavour, usable_cores)
+
+DEFAULT_START_TIMEOUT_S = 60.0
+_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "off")
 
 
 def _positive_int(text):
@@ -19,23 +29,81 @@ def _positive_int(text):
     return value
 
 
+def _non_negative(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+        return value
+    return parse
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="horarun",
-        description="Run a command as N data-parallel ranks on this machine, through mpirun.",
-        epilog="example: horarun -np 4 python train.py --epochs 3",
+        description="Run a command as N data-parallel ranks, on this machine or on several "
+                    "hosts, through mpirun. A rank that fails stops the whole job.",
+        epilog="examples:\n"
+               "  horarun -np 4 python train.py --epochs 3\n"
+               "  horarun -np 8 -H node1:4,node2:4 python train.py\n"
+               "  horarun --check-build",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         # Abbreviations could silently match an option meant for the command.
         allow_abbrev=False,
     )
-    parser.add_argument(
-        "-np", "--num-proc", dest="num_proc", metavar="N", type=_positive_int, required=True,
-        help="number of ranks to start",
-    )
-    parser.add_argument("--verbose", action="store_true", help="print the mpirun command before running it")
-    parser.add_argument(
-        "command", nargs=argparse.REMAINDER,
-        help="the program and its arguments, run once per rank",
-    )
+    parser.add_argument("-np", "--num-proc", dest="num_proc", metavar="N", type=_positive_int,
+                        help="number of ranks to start (required unless --check-build)")
+    parser.add_argument("--check-build", action="store_true",
+                        help="print what this install of hora can do (frameworks, MPI, CUDA, "
+                             "NCCL) and why anything is missing, then exit")
+    where = parser.add_argument_group("where the ranks run (default: this machine, one slot per core)")
+    where = where.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="hosts and how many ranks each takes, e.g. node1:4,node2:4 "
+                            "(a host without :N has one slot)")
+    where.add_argument("--hostfile", metavar="FILE",
+                       help="a file with one host per line as 'host slots=N' or 'host:N'; "
+                            "'#' starts a comment")
+    mpi = parser.add_argument_group("mpirun")
+    mpi.add_argument("--mpi-args", metavar="ARGS", default="",
+                     help="extra arguments for mpirun, as one quoted string "
+                          "(e.g. \"--mca btl_tcp_if_include eth0\")")
+    mpi.add_argument("--binding-args", metavar="ARGS", default=None,
+                     help="mpirun's process binding arguments, replacing horarun's default "
+                          "(each rank bound to its share of the cores; no binding when ranks "
+                          "outnumber slots); \"\" leaves binding to mpirun")
+    mpi.add_argument("-x", dest="env", metavar="VAR[=VALUE]", action="append", default=[],
+                     help="pass this environment variable to every rank (its value here, or "
+                          "VALUE); HORA_*, HOROVOD_*, PATH, PYTHONPATH and LD_LIBRARY_PATH "
+                          "always are")
+    mpi.add_argument("--start-timeout", metavar="S", type=_non_negative(float),
+                     default=DEFAULT_START_TIMEOUT_S,
+                     help=f"stop the job if not every rank has started within S seconds "
+                          f"(default {DEFAULT_START_TIMEOUT_S:g}; 0 waits for ever)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-filename", metavar="DIR",
+                     help="write each rank's stdout and stderr to DIR/rank.N/stdout and "
+                          "DIR/rank.N/stderr (on the host the rank runs on) instead of "
+                          "printing them with a [rank] prefix")
+    out.add_argument("--verbose", action="store_true",
+                     help="print the mpirun command before running it")
+    tuning = parser.add_argument_group("engine settings (the same as the HORA_* variables)")
+    tuning.add_argument("--fusion-threshold-mb", type=_non_negative(float), metavar="MB",
+                        help="fuse small tensors into buffers of up to MB MiB "
+                             "(HORA_FUSION_THRESHOLD_BYTES; default 64)")
+    tuning.add_argument("--cycle-time-ms", type=_non_negative(float), metavar="MS",
+                        help="least time between two negotiation cycles (HORA_CYCLE_TIME_MS; "
+                             "default 0: a cycle starts as soon as there is work)")
+    tuning.add_argument("--cache-capacity", type=_non_negative(int), metavar="N",
+                        help="entries in the response cache (HORA_CACHE_CAPACITY; default 1024; "
+                             "0 turns it off)")
+    tuning.add_argument("--log-level", choices=_LOG_LEVELS,
+                        help="the engine's log level (HORA_LOG_LEVEL; default warning)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program and its arguments, run once per rank")
     return parser
 
 
@@ -46,60 +114,103 @@ def parse_args(argv=None):
     # REMAINDER keeps a separating "--"; it is ours, not the command's.
     if command[:1] == ["--"]:
         command = command[1:]
+    args.command = command
+    if args.check_build:
+        return args
+    if args.num_proc is None:
+        parser.error("the number of ranks is required: -np N")
     if not command:
         parser.error("missing the command to run, for example: horarun -np 2 python train.py")
-    args.command = command
+    try:
+        args.mpi_args = shlex.split(args.mpi_args)
+        args.binding_args = None if args.binding_args is None else shlex.split(args.binding_args)
+    except ValueError as exc:
+        parser.error(f"cannot split the mpirun arguments: {exc}")
+    try:
+        args.host_list = (hosts.parse_host_string(args.hosts) if args.hosts else
+                          hosts.parse_hostfile(args.hostfile) if args.hostfile else None)
+    except hosts.HostError as exc:
+        parser.error(str(exc))
+    for item in args.env:
+        name = item.partition("=")[0]
+        if not name or not (name[0].isalpha() or name[0] == "_") or \
+                not all(c.isalnum() or c == "_" for c in name):
+            parser.error(f"-x {item!r}: not a valid environment variable name")
     return args
 
 
-def build_command(mpirun, flavour, num_proc, command, python=None):
+def job_environment(args, env):
+    """The environment mpirun starts with, and the names every rank gets.
+    Raises ValueError for a ``-x VAR`` that is not set."""
+    env = dict(env)
+    settings = {
+        "HORA_FUSION_THRESHOLD_BYTES": None if args.fusion_threshold_mb is None
+        else str(int(args.fusion_threshold_mb * 1024 * 1024)),
+        "HORA_CYCLE_TIME_MS": None if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}",
+        "HORA_CACHE_CAPACITY": None if args.cache_capacity is None else str(args.cache_capacity),
+        "HORA_LOG_LEVEL": args.log_level,
+    }
+    env.update({name: value for name, value in settings.items() if value is not None})
+    extra = []
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if sep:
+            env[name] = value
+        elif name not in env:
+            raise ValueError(f"-x {name}: {name} is not set in this environment "
+                             f"(use -x {name}=VALUE to give it a value)")
+        extra.append(name)
+    names = sorted(set(forwarded_env_names(env)) | set(extra))
+    return env, names
+
+
+def build_command(mpirun, flavour, spec, command, python=None, output_dir=None):
     """The full mpirun command line, as a list (never a shell string)."""
     python = sys.executable if python is None else python
-    return [
-        mpirun,
-        *build_mpirun_args(flavour, num_proc),
-        python, "-m", "hora.runner.rank_exec", "--",
-        *command,
-    ]
+    wrapper = [python, "-m", "hora.runner.rank_exec"]
+    if output_dir is not None:
+        wrapper += ["--output-dir", output_dir]
+    return [mpirun, *build_mpirun_args(flavour, spec), *wrapper, "--", *command]
 
 
-def _forward_signals(child):
-    # A kill aimed at horarun must reach mpirun, which then stops every rank.
-    def forward(signum, _frame):
-        child.send_signal(signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, forward)
+def _log(text):
+    print(text, file=sys.stderr, flush=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.check_build:
+        return check_build.main()
     try:
         mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir(), wheel_mpirun=pypi_mpirun())
         flavour = query_flavour(mpirun)
-    except MpiError as exc:
-        print(exc, file=sys.stderr)
+        env, names = job_environment(args, os.environ)
+    except (MpiError, ValueError) as exc:
+        _log(str(exc) if str(exc).startswith("horarun") else f"horarun: {exc}")
         return 1
 
-    cmd = build_command(mpirun, flavour, args.num_proc, args.command)
-    if args.verbose:
-        print(shlex.join(cmd), file=sys.stderr, flush=True)
-
-    try:
-        child = subprocess.Popen(cmd)
-    except OSError as exc:
-        print(f"horarun: could not start {mpirun}: {exc}", file=sys.stderr)
-        return 1
-    _forward_signals(child)
-    code = child.wait()
-
-    if code < 0:
+    output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
+    with tempfile.TemporaryDirectory(prefix="horarun-") as scratch:
+        machinefile = None
+        if args.host_list is not None and flavour != OPEN_MPI:
+            machinefile = os.path.join(scratch, "machinefile")
+            with open(machinefile, "w", encoding="utf-8") as f:
+                f.write(hosts.machinefile_text(args.host_list))
+        spec = LaunchSpec(num_proc=args.num_proc, hosts=args.host_list, cores=usable_cores(),
+                          env_names=names, binding_args=args.binding_args,
+                          mpi_args=args.mpi_args, euid=os.geteuid(), machinefile=machinefile)
+        cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
+        if args.verbose:
+            _log(shlex.join(cmd))
         try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = str(-code)
-        print(f"horarun: mpirun was killed by signal {name}", file=sys.stderr)
-        return 128 - code
-    if code != 0:
-        print(f"horarun: job failed with exit code {code}", file=sys.stderr)
-    return code
+            outcome = supervise.run(cmd, args.num_proc, args.start_timeout, sys.stdout.buffer,
+                                    sys.stderr.buffer, _log, env=env)
+        except OSError as exc:
+            _log(f"horarun: could not start {mpirun}: {exc}")
+            return 1
+    if outcome.message:
+        _log(outcome.message)
+    if output_dir is not None:
+        _log(f"horarun: each rank's output is in {output_dir}/rank.<N>/stdout and stderr")
+    return outcome.code
+

@@ -4,16 +4,22 @@ Things that differ between machines (environment, core count, user id) are
 parameters with live defaults, so the argument logic can be tested with any
 values.
 """
+import dataclasses
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+from hora.runner.hosts import host_string, ranks_per_host, total_slots
+
 OPEN_MPI = "openmpi"
 # MPICH and Intel MPI both launch through the Hydra process manager and take
-# the same options, so one flavour covers both.
-HYDRA = "hydra"
+# mostly the same options; they differ in how hosts and binding are given.
+MPICH = "mpich"
+INTEL_MPI = "intelmpi"
+FLAVOUR_NAMES = {OPEN_MPI: "Open MPI", MPICH: "MPICH", INTEL_MPI: "Intel MPI"}
 
 # The ranks must run the same interpreter and see the same packages as the
 # shell that started horarun, otherwise `import hora` fails in the ranks.
@@ -87,11 +93,13 @@ def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None, wheel_
 
 
 def detect_flavour(version_text):
-    """Map the output of ``mpirun --version`` to OPEN_MPI or HYDRA."""
+    """Map the output of ``mpirun --version`` to OPEN_MPI, MPICH or INTEL_MPI."""
     if "Open MPI" in version_text or "OpenRTE" in version_text:
         return OPEN_MPI
-    if "HYDRA" in version_text or "Intel" in version_text:
-        return HYDRA
+    if "Intel" in version_text:
+        return INTEL_MPI
+    if "HYDRA" in version_text:
+        return MPICH
     first_line = version_text.strip().splitlines()[0] if version_text.strip() else "(no output)"
     raise MpiError(
         f"horarun: cannot tell which MPI this mpirun belongs to (its --version said: {first_line!r}); "
@@ -99,8 +107,20 @@ def detect_flavour(version_text):
     )
 
 
-def query_flavour(mpirun):
-    """Run ``mpirun --version`` and detect the flavour from what it prints."""
+def describe_version(version_text):
+    """A short "Open MPI 5.0.11"-style name from ``mpirun --version`` output."""
+    flavour = detect_flavour(version_text)
+    patterns = {
+        OPEN_MPI: r"\((?:Open MPI|OpenRTE)\)\s+(\S+)",
+        INTEL_MPI: r"Version\s+([0-9][^\s,]*)",
+        MPICH: r"Version:\s+(\S+)",
+    }
+    match = re.search(patterns[flavour], version_text)
+    return FLAVOUR_NAMES[flavour] + (f" {match.group(1)}" if match else "")
+
+
+def query_version_text(mpirun):
+    """What ``mpirun --version`` prints."""
     try:
         done = subprocess.run(
             [mpirun, "--version"],
@@ -113,7 +133,12 @@ def query_flavour(mpirun):
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise MpiError(f"horarun: could not run '{mpirun} --version': {exc}") from exc
-    return detect_flavour(done.stdout)
+    return done.stdout
+
+
+def query_flavour(mpirun):
+    """Run ``mpirun --version`` and detect the flavour from what it prints."""
+    return detect_flavour(query_version_text(mpirun))
 
 
 def usable_cores():
@@ -133,30 +158,84 @@ def forwarded_env_names(env=None):
     )
 
 
-def build_mpirun_args(flavour, num_proc, env=None, cores=None, euid=None):
+@dataclasses.dataclass
+class LaunchSpec:
+    """Everything that decides the mpirun arguments, with no hidden inputs.
+
+    ``hosts`` is None for a job on this machine only. ``cores`` is the number
+    of cores each host offers (this machine's count; hosts are assumed
+    alike, and ``binding_args`` overrides the choice where they are not).
+    ``machinefile`` is where the caller wrote ``hosts`` for Hydra-based MPIs.
+    """
+    num_proc: int
+    hosts: list = None
+    cores: int = 1
+    env_names: list = dataclasses.field(default_factory=list)
+    binding_args: list = None
+    mpi_args: list = dataclasses.field(default_factory=list)
+    euid: int = 1000
+    machinefile: str = None
+
+    @property
+    def slots(self):
+        return self.cores if self.hosts is None else total_slots(self.hosts)
+
+    @property
+    def oversubscribed(self):
+        return self.num_proc > self.slots
+
+    @property
+    def cores_per_rank(self):
+        """Each rank's share of its host's cores (at least 1)."""
+        busiest = self.num_proc if self.hosts is None else max(ranks_per_host(self.hosts, self.num_proc))
+        return max(1, self.cores // max(1, busiest))
+
+
+def default_binding_args(flavour, spec):
+    """Binding that gives each rank its own share of the cores, or none at
+    all when ranks outnumber slots (pinned ranks sharing a core would take
+    turns on it while other cores idle)."""
+    share = spec.cores_per_rank
+    if flavour == OPEN_MPI:
+        if spec.oversubscribed:
+            return ["--bind-to", "none"]
+        return ["--map-by", f"slot:PE={share}", "--bind-to", "core"]
+    if flavour == MPICH:
+        return ["-bind-to", "none" if spec.oversubscribed else f"core:{share}"]
+    if flavour == INTEL_MPI:
+        if spec.oversubscribed:
+            return ["-genv", "I_MPI_PIN", "0"]
+        return ["-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", str(share)]
+    raise ValueError(f"unknown MPI flavour {flavour!r}")
+
+
+def build_mpirun_args(flavour, spec):
     """Arguments that go between the mpirun path and the per-rank command."""
-    cores = usable_cores() if cores is None else cores
-    euid = os.geteuid() if euid is None else euid
-    names = forwarded_env_names(env)
+    if flavour not in FLAVOUR_NAMES:
+        raise ValueError(f"unknown MPI flavour {flavour!r}")
+    binding = default_binding_args(flavour, spec) if spec.binding_args is None else list(spec.binding_args)
 
     if flavour == OPEN_MPI:
-        args = ["-np", str(num_proc)]
+        args = ["-np", str(spec.num_proc)]
+        if spec.hosts is not None:
+            args += ["-H", host_string(spec.hosts)]
         # Open MPI refuses to start as root unless asked; containers often run as root.
-        if euid == 0:
+        if spec.euid == 0:
             args.append("--allow-run-as-root")
-        # Open MPI only hands out one slot per core, so more ranks than cores
-        # must be allowed explicitly; pinning several ranks to one core would
-        # then serialise them, hence no binding.
-        if num_proc > cores:
-            args += ["--oversubscribe", "--bind-to", "none"]
-        for name in names:
+        # Open MPI hands out one rank per slot; more must be allowed explicitly.
+        if spec.oversubscribed:
+            args.append("--oversubscribe")
+        args += binding
+        for name in spec.env_names:
             args += ["-x", name]
-        return args
+        return args + list(spec.mpi_args)
 
-    if flavour == HYDRA:
-        args = ["-n", str(num_proc)]
-        if names:
-            args += ["-genvlist", ",".join(names)]
-        return args
-
-    raise ValueError(f"unknown MPI flavour {flavour!r}")
+    args = ["-n", str(spec.num_proc)]
+    if spec.hosts is not None:
+        if not spec.machinefile:
+            raise ValueError("a Hydra-based mpirun needs the hosts written to a machine file")
+        args += ["-f" if flavour == MPICH else "-machinefile", spec.machinefile]
+    args += binding
+    if spec.env_names:
+        args += ["-genvlist", ",".join(spec.env_names)]
+    return args + list(spec.mpi_args)

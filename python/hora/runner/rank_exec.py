@@ -1,14 +1,24 @@
-"""Per-rank wrapper that mpirun starts: ``python -m hora.runner.rank_exec -- cmd args...``.
+"""Per-rank wrapper that mpirun starts:
+``python -m hora.runner.rank_exec [--output-dir DIR] -- cmd args...``.
 
 It turns the launcher's own rank variables into HORA_* and HOROVOD_* ones,
 runs the command, and puts ``[rank] `` before every line the command prints,
-so that the interleaved output of many ranks stays readable.
+so that the interleaved output of many ranks stays readable (or, with
+``--output-dir``, writes the rank's stdout and stderr to
+``DIR/rank.N/stdout`` and ``DIR/rank.N/stderr``). It tells horarun when the
+rank starts and how it ended (see ``markers``), and never leaves the command
+running once it is gone itself or mpirun is.
 """
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+
+from hora.runner import markers
 
 # Each launcher names the same facts differently; the first one present wins.
 _RANK_SOURCES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -16,7 +26,12 @@ _SIZE_SOURCES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _LOCAL_RANK_SOURCES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 _LOCAL_SIZE_SOURCES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
-_USAGE = "usage: python -m hora.runner.rank_exec -- command [args...]"
+_USAGE = "usage: python -m hora.runner.rank_exec [--output-dir DIR] -- command [args...]"
+_PR_SET_PDEATHSIG = 1
+# How often the wrapper checks that mpirun's daemon (its parent) still lives,
+# and how long the command then gets to exit on SIGTERM before SIGKILL.
+_PARENT_POLL_S = 0.5
+_TERM_GRACE_S = 5.0
 
 
 class RankEnvError(RuntimeError):
@@ -118,10 +133,55 @@ def _signal_name(signum):
         return f"signal {signum}"
 
 
+def host_name(env=None):
+    """The host name mpirun knows this rank's host by (it can differ from
+    gethostname(), e.g. for network namespaces standing in for hosts)."""
+    env = os.environ if env is None else env
+    return env.get("PMIX_HOSTNAME") or env.get("HORA_HOSTNAME") or socket.gethostname()
+
+
+def _die_with_parent():
+    # Runs in the child between fork and exec: if this wrapper dies (even by
+    # SIGKILL), the kernel kills the command too, so no rank is orphaned.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_parent(child, parent):
+    # mpirun's daemon is our parent; when it goes away without stopping us
+    # (killed with SIGKILL), stop the command rather than run on unowned.
+    while child.poll() is None:
+        if os.getppid() != parent:
+            child.terminate()
+            deadline = time.monotonic() + _TERM_GRACE_S
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if child.poll() is None:
+                child.kill()
+            return
+        time.sleep(_PARENT_POLL_S)
+
+
+def _parse(argv):
+    output_dir = None
+    while argv and argv[0] != "--":
+        if argv[0] == "--output-dir" and len(argv) > 1:
+            output_dir = argv[1]
+            argv = argv[2:]
+        else:
+            return None, None
+    return output_dir, argv[1:]
+
+
+def _outcome(code):
+    return f"signal={_signal_name(-code)}" if code < 0 else f"code={code}"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+    output_dir, argv = _parse(argv)
     if not argv:
         print(_USAGE, file=sys.stderr)
         return 2
@@ -132,6 +192,8 @@ def main(argv=None):
         print(f"hora.runner.rank_exec: {exc}", file=sys.stderr)
         return 2
     prefix = f"[{rank}] ".encode()
+    host = host_name()
+    _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host)))
 
     env = dict(os.environ)
     env.update(rank_env(rank, size, local_rank, local_size))
@@ -139,24 +201,46 @@ def main(argv=None):
     # it in blocks and lines would show up late and out of order.
     env["PYTHONUNBUFFERED"] = "1"
 
+    files = []
+    if output_dir is not None:
+        try:
+            directory = os.path.join(output_dir, f"rank.{rank}")
+            os.makedirs(directory, exist_ok=True)
+            files = [open(os.path.join(directory, name), "wb") for name in ("stdout", "stderr")]
+        except OSError as exc:
+            _write(sys.stderr.buffer, prefix + f"cannot write output to {output_dir!r}: {exc}\n".encode())
+            _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, "code=1")))
+            return 1
+    out, err = (files[0], files[1]) if files else (subprocess.PIPE, subprocess.PIPE)
+
+    parent = os.getppid()
     try:
-        child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        child = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=_die_with_parent)
     except OSError as exc:
         _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
         # The shell's conventions: 127 for not found, 126 for not runnable.
-        return 127 if isinstance(exc, FileNotFoundError) else 126
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, f"code={code}")))
+        return code
+    finally:
+        for f in files:
+            f.close()
 
     _forward_signals(child)
-    relays = [
-        threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
-        threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
-    ]
+    threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
+    relays = []
+    if not files:
+        relays = [
+            threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
+            threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+        ]
     for thread in relays:
         thread.start()
     code = child.wait()
     for thread in relays:
         thread.join()
 
+    _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, _outcome(code))))
     if code < 0:
         _write(sys.stderr.buffer, prefix + f"killed by signal {_signal_name(-code)}\n".encode())
         return 128 - code

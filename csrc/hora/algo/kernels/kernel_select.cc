@@ -50,6 +50,14 @@ const KernelSet& Kernels() {
   return *set;
 }
 
+std::vector<std::pair<std::string, bool>> KernelAvailability() {
+  std::vector<std::pair<std::string, bool>> sets;
+  for (const char* name : {"generic", "avx2", "avx512"}) {
+    if (Lookup(name) != nullptr) sets.emplace_back(name, Supports(name));
+  }
+  return sets;
+}
+
 Status SelectKernels(const std::string& name) {
   if (name == "auto") {
     g_active.store(Best(), std::memory_order_release);

@@ -5,6 +5,8 @@
 // uses the widest vectors the machine has.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hora/common/dtype.h"
 #include "hora/common/status.h"
@@ -31,6 +33,8 @@ struct KernelSet {
 const KernelSet& Kernels();
 // "auto", "generic", "avx2" or "avx512"; an error names what this CPU lacks.
 Status SelectKernels(const std::string& name);
+// Every kernel set compiled in, each with whether this CPU can run it.
+std::vector<std::pair<std::string, bool>> KernelAvailability();
 
 namespace kernels_generic { extern const KernelSet kSet; }
 #if defined(__x86_64__)

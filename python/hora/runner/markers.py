@@ -1,0 +1,51 @@
+"""Status lines that each rank's wrapper prints for horarun.
+
+They travel with the ranks' own output through mpirun's I/O forwarding, so
+they reach horarun from every host without a network channel of their own.
+horarun takes them out of the stream; users never see them.
+
+A marker is one line: a record-separator byte, ``hora-runner``, the event
+(``started`` or ``exited``), the rank, the host, and for ``exited`` the
+outcome (``code=N`` or ``signal=NAME``).
+"""
+import dataclasses
+
+_LEAD = b"\x1ehora-runner "
+
+
+@dataclasses.dataclass(frozen=True)
+class Marker:
+    event: str
+    rank: int
+    host: str
+    outcome: str = ""  # "code=N" or "signal=NAME" for "exited"
+
+    def describe(self):
+        """'exit code 3' or 'killed by SIGKILL'."""
+        kind, _, value = self.outcome.partition("=")
+        return f"killed by {value}" if kind == "signal" else f"exit code {value}"
+
+    @property
+    def failed(self):
+        return self.event == "exited" and self.outcome != "code=0"
+
+
+def encode(marker):
+    fields = [marker.event, str(marker.rank), marker.host] + ([marker.outcome] if marker.outcome else [])
+    return _LEAD + " ".join(fields).encode() + b"\n"
+
+
+def decode(line):
+    """The Marker in ``line`` (bytes, with or without its newline), or None
+    for an ordinary output line."""
+    if not line.startswith(_LEAD):
+        return None
+    fields = line[len(_LEAD):].decode(errors="replace").split()
+    try:
+        if fields[0] == "started" and len(fields) == 3:
+            return Marker("started", int(fields[1]), fields[2])
+        if fields[0] == "exited" and len(fields) == 4:
+            return Marker("exited", int(fields[1]), fields[2], fields[3])
+    except (IndexError, ValueError):
+        pass
+    return None

@@ -1,0 +1,206 @@
+"""Runs mpirun and watches the job: relays its output, notices the first
+rank to fail, enforces the start timeout, and stops everything on Ctrl-C.
+
+mpirun (Open MPI, MPICH, Intel MPI alike) already tears a job down when a
+rank exits non-zero; horarun names the culprit, and if mpirun has not
+brought the job down soon after, stops it itself, so that a dead rank never
+leaves the others waiting in a collective.
+"""
+import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+from hora.runner import markers
+
+# After the first rank fails, mpirun gets this long to stop the others
+# before horarun sends it SIGTERM, and then this long before SIGKILL. Their
+# sum stays well inside the 10 s within which every rank must be gone.
+FAIL_FAST_GRACE_S = 4.0
+KILL_GRACE_S = 2.0
+# On Ctrl-C or SIGTERM the ranks get this long to exit before SIGKILL.
+STOP_GRACE_S = 10.0
+# After mpirun exits, output still in flight is drained for at most this
+# long (a stray process holding the pipe open must not block horarun).
+DRAIN_S = 5.0
+
+
+@dataclasses.dataclass
+class Outcome:
+    code: int                       # what horarun exits with
+    message: str = ""               # the one-line summary printed on failure
+    first_failure: markers.Marker = None
+    started: frozenset = frozenset()
+
+
+def _signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _relay(pipe, sink, events):
+    """Copies mpirun's output line by line, taking out the ranks' markers."""
+    for line in iter(pipe.readline, b""):
+        marker = markers.decode(line)
+        if marker is not None:
+            events.put(("marker", marker))
+            continue
+        try:
+            sink.write(line)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # our own output is gone; keep draining so mpirun never blocks
+    events.put(("eof", None))
+
+
+class _Job:
+    def __init__(self, proc):
+        self.proc = proc
+        self.term_at = None   # when to send SIGTERM to mpirun
+        self.kill_at = None   # when to SIGKILL mpirun's process group
+
+    def terminate(self, at, grace):
+        """SIGTERM to mpirun at time ``at`` (unless one is due sooner), and
+        SIGKILL to its whole process group ``grace`` seconds later."""
+        if self.term_at is None or self.term_at > at:
+            self.term_at = at
+            self.kill_at = at + grace
+
+    def tick(self, now):
+        if self.term_at is not None and now >= self.term_at:
+            self.term_at = float("inf")
+            self._send(signal.SIGTERM)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            self._send(signal.SIGKILL, group=True)
+
+    def _send(self, signum, group=False):
+        try:
+            if group:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
+    """Runs ``cmd`` (an mpirun command line) and returns an Outcome.
+
+    ``stdout``/``stderr`` receive the job's output (binary streams), ``log``
+    is called with horarun's own messages; ``env`` is mpirun's environment
+    (default: this process's).
+    """
+    events = queue.Queue()
+    # A session of its own: a Ctrl-C in the terminal reaches horarun only,
+    # which passes on exactly one stop request (two make mpirun abort
+    # without cleaning up).
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, env=env)
+    relays = [threading.Thread(target=_relay, args=(proc.stdout, stdout, events), daemon=True),
+              threading.Thread(target=_relay, args=(proc.stderr, stderr, events), daemon=True)]
+    for thread in relays:
+        thread.start()
+
+    def on_signal(signum, _frame):
+        events.put(("signal", signum))
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    job = _Job(proc)
+    started, first_failure, stop_signal, start_expired = set(), None, None, False
+    start_deadline = time.monotonic() + start_timeout if start_timeout else None
+
+    def handle(kind, value, now):
+        nonlocal first_failure, stop_signal, start_expired
+        if kind == "marker":
+            if value.event == "started":
+                started.add(value.rank)
+            elif value.failed and first_failure is None and stop_signal is None and not start_expired:
+                first_failure = value
+                job.terminate(now + FAIL_FAST_GRACE_S, KILL_GRACE_S)
+        elif kind == "signal":
+            if stop_signal is None:
+                stop_signal = value
+                log(f"horarun: got {_signal_name(value)}; stopping every rank "
+                    f"(again to kill them at once)")
+                job.terminate(now, STOP_GRACE_S)
+            else:
+                job.terminate(now, 0)
+
+    try:
+        while proc.poll() is None:
+            try:
+                kind, value = events.get(timeout=0.1)
+            except queue.Empty:
+                kind = value = None
+            now = time.monotonic()
+            if kind is not None:
+                handle(kind, value, now)
+            if (start_deadline is not None and now > start_deadline and len(started) < num_proc
+                    and not start_expired and stop_signal is None and first_failure is None):
+                start_expired = True
+                missing = sorted(set(range(num_proc)) - started)
+                log(f"horarun: only {len(started)} of {num_proc} ranks started within "
+                    f"{start_timeout:g} s (--start-timeout); still missing: "
+                    f"{_rank_list(missing)}; stopping the job")
+                job.terminate(now, KILL_GRACE_S)
+            job.tick(now)
+        code = proc.returncode
+        # Output (and markers) that were still in the pipes.
+        deadline = time.monotonic() + DRAIN_S
+        for thread in relays:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        while True:
+            try:
+                kind, value = events.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "marker":
+                handle(kind, value, time.monotonic())
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if proc.poll() is None:
+            proc.kill()
+
+    return _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout)
+
+
+def _rank_list(ranks):
+    if len(ranks) > 12:
+        return ", ".join(map(str, ranks[:12])) + f" and {len(ranks) - 12} more"
+    return ", ".join(map(str, ranks))
+
+
+def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout):
+    started = frozenset(started)
+    if stop_signal is not None:
+        return Outcome(128 + stop_signal, f"horarun: job stopped by {_signal_name(stop_signal)}",
+                       started=started)
+    if start_expired:
+        return Outcome(code or 1, f"horarun: job stopped: not every rank started within "
+                                  f"{start_timeout:g} s", started=started)
+    if first_failure is not None:
+        kind, _, value = first_failure.outcome.partition("=")
+        if kind == "code":
+            exit_code = int(value)
+        else:
+            try:
+                exit_code = 128 + signal.Signals[value].value
+            except KeyError:
+                exit_code = code or 1
+        return Outcome(exit_code,
+                       f"horarun: rank {first_failure.rank} on host {first_failure.host} failed "
+                       f"first ({first_failure.describe()}); the job was stopped",
+                       first_failure=first_failure, started=started)
+    if code < 0:
+        return Outcome(128 - code, f"horarun: mpirun was killed by {_signal_name(-code)}",
+                       started=started)
+    if code != 0:
+        return Outcome(code, f"horarun: job failed with exit code {code}", started=started)
+    return Outcome(0, "", started=started)

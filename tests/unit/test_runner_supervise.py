@@ -1,0 +1,108 @@
+"""horarun's job supervision, driven by stand-in mpirun processes that print
+the ranks' markers themselves (no MPI involved)."""
+import io
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from hora.runner import markers, supervise
+
+
+def fake_mpirun(body):
+    """A command that behaves like mpirun running ranks: ``emit(event, rank,
+    outcome)`` prints a marker, everything else is plain Python."""
+    prelude = textwrap.dedent(f"""
+        import os, signal, sys, time
+        def emit(event, rank, outcome=""):
+            line = {markers._LEAD!r} + " ".join(
+                [event, str(rank), "host" + str(rank)] + ([outcome] if outcome else [])).encode() + b"\\n"
+            sys.stdout.buffer.write(line); sys.stdout.buffer.flush()
+    """)
+    return [sys.executable, "-c", prelude + textwrap.dedent(body)]
+
+
+def run(body, num_proc=2, start_timeout=30):
+    out, err, log = io.BytesIO(), io.BytesIO(), []
+    began = time.monotonic()
+    outcome = supervise.run(fake_mpirun(body), num_proc, start_timeout, out, err, log.append)
+    return outcome, out.getvalue(), err.getvalue(), log, time.monotonic() - began
+
+
+def test_clean_job_passes_output_and_hides_markers():
+    outcome, out, err, log, _ = run("""
+        emit("started", 0); emit("started", 1)
+        print("[0] hello", flush=True); sys.stderr.write("[1] warn\\n")
+        emit("exited", 0, "code=0"); emit("exited", 1, "code=0")
+    """)
+    assert outcome.code == 0 and outcome.message == ""
+    assert out == b"[0] hello\n" and err == b"[1] warn\n"
+    assert outcome.started == {0, 1} and log == []
+
+
+def test_first_failure_is_named_and_its_code_returned():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        emit("exited", 1, "code=3"); emit("exited", 0, "signal=SIGTERM")
+        sys.exit(3)
+    """)
+    assert outcome.code == 3
+    assert outcome.message == "horarun: rank 1 on host host1 failed first (exit code 3); the job was stopped"
+
+
+def test_killed_rank_gives_128_plus_signal():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        emit("exited", 0, "signal=SIGKILL"); sys.exit(137)
+    """)
+    assert outcome.code == 128 + signal.SIGKILL
+    assert "rank 0 on host host0 failed first (killed by SIGKILL)" in outcome.message
+
+
+def test_mpirun_that_lingers_after_a_failure_is_stopped():
+    # A stand-in that ignores SIGTERM: horarun must still end it, by SIGKILL.
+    outcome, _, _, _, seconds = run("""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        emit("started", 0); emit("started", 1); emit("exited", 1, "code=2")
+        time.sleep(60)
+    """)
+    assert outcome.code == 2
+    assert seconds < supervise.FAIL_FAST_GRACE_S + supervise.KILL_GRACE_S + 3
+
+
+def test_start_timeout_names_the_missing_ranks():
+    outcome, _, _, log, seconds = run("""
+        emit("started", 0); emit("started", 2)
+        time.sleep(60)
+    """, num_proc=4, start_timeout=1)
+    assert outcome.code != 0
+    assert seconds < 10
+    assert any("only 2 of 4 ranks started within 1 s" in line and "missing: 1, 3" in line
+               for line in log), log
+
+
+def test_exit_code_of_mpirun_without_markers():
+    outcome, *_ = run("sys.stderr.write('mpirun: not enough slots\\n'); sys.exit(5)")
+    assert outcome.code == 5 and outcome.message == "horarun: job failed with exit code 5"
+
+
+def test_signal_stops_the_job():
+    # Deliver SIGTERM to this process while supervise.run waits: it must
+    # pass the stop on, and report it.
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        outcome, _, _, log, seconds = run("""
+            emit("started", 0); emit("started", 1)
+            time.sleep(60)
+        """)
+    finally:
+        timer.cancel()
+    assert outcome.code == 128 + signal.SIGTERM
+    assert outcome.message == "horarun: job stopped by SIGTERM"
+    assert seconds < 10
+    assert signal.getsignal(signal.SIGTERM) is not None
