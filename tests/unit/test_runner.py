@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -301,7 +302,9 @@ def test_rank_exec_runs_command_with_rank_env():
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"[2] 2 4 1\n"
     host = done.markers[0].host
-    assert done.markers == [markers.Marker("started", 2, host), markers.Marker("exited", 2, host, "code=0")]
+    assert done.markers[0] == markers.Marker("started", 2, host)
+    assert done.markers[1].event == "exited" and done.markers[1].outcome == "code=0"
+    assert abs(done.markers[1].time - time.time()) < 60
 
 
 def test_rank_exec_passes_exit_code_and_stderr():
@@ -392,10 +395,11 @@ def test_rank_exec_rejects_unknown_options():
 
 
 def test_marker_round_trip_and_ordinary_lines():
-    marker = markers.Marker("exited", 12, "node-3.example", "signal=SIGTERM")
+    marker = markers.Marker("exited", 12, "node-3.example", "signal=SIGTERM", 1763700000.25)
     assert markers.decode(markers.encode(marker)) == marker
     assert markers.decode(b"[0] hora-runner exited 1 x code=1\n") is None
-    assert markers.decode(b"\x1ehora-runner exited one x code=1\n") is None
+    assert markers.decode(b"\x1ehora-runner exited one x code=1 5.0\n") is None
+    assert markers.decode(b"\x1ehora-runner exited 1 x code=1\n") is None
     assert not markers.Marker("exited", 0, "h", "code=0").failed
 
 

@@ -18,9 +18,11 @@ def fake_mpirun(body):
     outcome)`` prints a marker, everything else is plain Python."""
     prelude = textwrap.dedent(f"""
         import os, signal, sys, time
-        def emit(event, rank, outcome=""):
-            line = {markers._LEAD!r} + " ".join(
-                [event, str(rank), "host" + str(rank)] + ([outcome] if outcome else [])).encode() + b"\\n"
+        def emit(event, rank, outcome="", at=None):
+            fields = [event, str(rank), "host" + str(rank)]
+            if event == "exited":
+                fields += [outcome, repr(time.time() if at is None else at)]
+            line = {markers._LEAD!r} + " ".join(fields).encode() + b"\\n"
             sys.stdout.buffer.write(line); sys.stdout.buffer.flush()
     """)
     return [sys.executable, "-c", prelude + textwrap.dedent(body)]
@@ -52,6 +54,18 @@ def test_first_failure_is_named_and_its_code_returned():
     """)
     assert outcome.code == 3
     assert outcome.message == "horarun: rank 1 on host host1 failed first (exit code 3); the job was stopped"
+
+
+def test_earliest_failure_wins_over_the_first_to_arrive():
+    # Rank 0 reports first, but rank 1 died earlier (rank 0 merely lost it).
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        now = time.time()
+        emit("exited", 0, "code=14", at=now); emit("exited", 1, "signal=SIGKILL", at=now - 0.2)
+        sys.exit(14)
+    """)
+    assert outcome.code == 128 + signal.SIGKILL
+    assert outcome.first_failure.rank == 1
 
 
 def test_killed_rank_gives_128_plus_signal():

@@ -6,7 +6,9 @@ horarun takes them out of the stream; users never see them.
 
 A marker is one line: a record-separator byte, ``hora-runner``, the event
 (``started`` or ``exited``), the rank, the host, and for ``exited`` the
-outcome (``code=N`` or ``signal=NAME``).
+outcome (``code=N`` or ``signal=NAME``) and the time it ended (seconds
+since the epoch): the order in which markers reach horarun from several
+hosts is not the order in which ranks failed.
 """
 import dataclasses
 
@@ -19,6 +21,7 @@ class Marker:
     rank: int
     host: str
     outcome: str = ""  # "code=N" or "signal=NAME" for "exited"
+    time: float = 0.0  # when it exited, for "exited"
 
     def describe(self):
         """'exit code 3' or 'killed by SIGKILL'."""
@@ -31,7 +34,9 @@ class Marker:
 
 
 def encode(marker):
-    fields = [marker.event, str(marker.rank), marker.host] + ([marker.outcome] if marker.outcome else [])
+    fields = [marker.event, str(marker.rank), marker.host]
+    if marker.event == "exited":
+        fields += [marker.outcome, f"{marker.time:.6f}"]
     return _LEAD + " ".join(fields).encode() + b"\n"
 
 
@@ -44,8 +49,8 @@ def decode(line):
     try:
         if fields[0] == "started" and len(fields) == 3:
             return Marker("started", int(fields[1]), fields[2])
-        if fields[0] == "exited" and len(fields) == 4:
-            return Marker("exited", int(fields[1]), fields[2], fields[3])
+        if fields[0] == "exited" and len(fields) == 5:
+            return Marker("exited", int(fields[1]), fields[2], fields[3], float(fields[4]))
     except (IndexError, ValueError):
         pass
     return None

@@ -63,8 +63,8 @@ def rank_info(env=None):
         )
     local_rank = _first_int(env, _LOCAL_RANK_SOURCES)
     local_size = _first_int(env, _LOCAL_SIZE_SOURCES)
-    # horarun only launches on this machine, so when the launcher does not say
-    # otherwise every rank is local.
+    # Open MPI and Hydra both say; a launcher that does not is taken to have
+    # started every rank on one host.
     if local_rank is None:
         local_rank = rank
     if local_size is None:
@@ -209,7 +209,7 @@ def main(argv=None):
             files = [open(os.path.join(directory, name), "wb") for name in ("stdout", "stderr")]
         except OSError as exc:
             _write(sys.stderr.buffer, prefix + f"cannot write output to {output_dir!r}: {exc}\n".encode())
-            _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, "code=1")))
+            _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, "code=1", time.time())))
             return 1
     out, err = (files[0], files[1]) if files else (subprocess.PIPE, subprocess.PIPE)
 
@@ -220,7 +220,7 @@ def main(argv=None):
         _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
         # The shell's conventions: 127 for not found, 126 for not runnable.
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, f"code={code}")))
+        _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, f"code={code}", time.time())))
         return code
     finally:
         for f in files:
@@ -240,7 +240,7 @@ def main(argv=None):
     for thread in relays:
         thread.join()
 
-    _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, _outcome(code))))
+    _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, _outcome(code), time.time())))
     if code < 0:
         _write(sys.stderr.buffer, prefix + f"killed by signal {_signal_name(-code)}\n".encode())
         return 128 - code

@@ -120,9 +120,14 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
-            elif value.failed and first_failure is None and stop_signal is None and not start_expired:
-                first_failure = value
-                job.terminate(now + FAIL_FAST_GRACE_S, KILL_GRACE_S)
+            elif value.failed and stop_signal is None and not start_expired:
+                # Markers from different hosts can arrive out of order (a
+                # peer that lost its connection may report before the host
+                # of the rank that died does): the earliest exit is the cause.
+                if first_failure is None:
+                    job.terminate(now + FAIL_FAST_GRACE_S, KILL_GRACE_S)
+                if first_failure is None or value.time < first_failure.time:
+                    first_failure = value
         elif kind == "signal":
             if stop_signal is None:
                 stop_signal = value
