@@ -108,6 +108,12 @@ def fake_hosts(tmp_path_factory):
         hosts.destroy()
         pytest.skip(f"this machine cannot build the namespaces: '{' '.join(exc.cmd)}' said "
                     f"{exc.stderr.strip()!r}")
+    probe = subprocess.run([str(hosts.agent), "ns-a", "hostname"], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0 or probe.stdout.strip() != "ns-a":
+        hosts.destroy()
+        pytest.skip(f"cannot enter the namespaces with a host name of their own: "
+                    f"{(probe.stderr or probe.stdout).strip()!r}")
     yield hosts
     hosts.destroy()
 
