@@ -136,6 +136,11 @@ void RegisterRuntime(py::module_& m) {
     MpiCommunicator::FinalizeIfOwned();
   });
   m.def("build_info", &BuildInfo);
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    Status status = CurrentEngine()->StartTimeline(path, mark_cycles);
+    if (!status.ok()) ThrowStatus(status);
+  }, py::arg("path"), py::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] { CurrentEngine()->StopTimeline(); });
 }
 
 }  // namespace hora

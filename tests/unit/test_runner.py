@@ -440,3 +440,24 @@ def test_job_environment_refuses_an_unset_x():
     args = cli.parse_args(["-np", "2", "-x", "NOT_SET_ANYWHERE", "x"])
     with pytest.raises(ValueError, match="NOT_SET_ANYWHERE is not set"):
         cli.job_environment(args, {})
+
+
+def test_cli_mpi_args_may_start_with_dashes():
+    args = cli.parse_args(["-np", "2", "--mpi-args", "--enable-recovery", "--binding-args",
+                           "--bind-to", "python", "--mpi-args", "x"])
+    assert args.mpi_args == ["--enable-recovery"] and args.binding_args == ["--bind-to"]
+    assert args.command == ["python", "--mpi-args", "x"]
+
+
+def test_job_environment_maps_the_diagnostics_flags(tmp_path):
+    args = cli.parse_args(["-np", "2", "--timeline-filename", "t.json", "--timeline-mark-cycles",
+                           "--stall-check-warning-time-seconds", "5",
+                           "--stall-check-shutdown-time-seconds", "30", "x"])
+    env, names = cli.job_environment(args, {})
+    assert env["HORA_TIMELINE"] == os.path.abspath("t.json")
+    assert env["HORA_TIMELINE_MARK_CYCLES"] == "1"
+    assert env["HORA_STALL_CHECK_TIME_SECONDS"] == "5"
+    assert env["HORA_STALL_SHUTDOWN_TIME_SECONDS"] == "30"
+    assert "HORA_STALL_CHECK_DISABLE" not in env
+    env, _ = cli.job_environment(cli.parse_args(["-np", "2", "--no-stall-check", "x"]), {})
+    assert env["HORA_STALL_CHECK_DISABLE"] == "1"

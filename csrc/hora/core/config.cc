@@ -51,6 +51,19 @@ Status ReadDouble(const Source& source, double* out) {
   return Status::OK();
 }
 
+Status ReadBool(const Source& source, bool* out) {
+  if (source.value == nullptr) return Status::OK();
+  const std::string text = source.value;
+  if (text == "1" || text == "true" || text == "True" || text == "yes") {
+    *out = true;
+  } else if (text == "0" || text == "false" || text == "False" || text == "no") {
+    *out = false;
+  } else {
+    return Invalid(source, "1 or 0");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Config::Load(const std::function<const char*(const char*)>& lookup, Config* config) {
@@ -83,6 +96,22 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       return Invalid(kernels, "one of auto, generic, avx2, avx512");
     }
   }
+  bool stall_disabled = false;
+  HORA_RETURN_IF_ERROR(ReadBool(
+      Find(lookup, "HORA_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE"), &stall_disabled));
+  result.stall_check = !stall_disabled;
+  HORA_RETURN_IF_ERROR(ReadDouble(
+      Find(lookup, "HORA_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+      &result.stall_warning_seconds));
+  HORA_RETURN_IF_ERROR(ReadDouble(
+      Find(lookup, "HORA_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
+      &result.stall_shutdown_seconds));
+  if (result.stall_warning_seconds <= 0) result.stall_check = false;
+  const Source timeline = Find(lookup, "HORA_TIMELINE", "HOROVOD_TIMELINE");
+  if (timeline.value != nullptr) result.timeline_path = timeline.value;
+  HORA_RETURN_IF_ERROR(ReadBool(
+      Find(lookup, "HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
+      &result.timeline_mark_cycles));
   const Source hostname = Find(lookup, "HORA_HOSTNAME", nullptr);
   if (hostname.value != nullptr) result.hostname = hostname.value;
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
@@ -104,6 +133,8 @@ std::string Config::Describe() const {
        << " allreduce_algorithm=" << allreduce_algorithm
        << " small_allreduce_bytes=" << small_allreduce_bytes << " shm_slot_bytes=" << shm_slot_bytes
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
+       << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"
+       << " stall_shutdown=" << stall_shutdown_seconds << "s"
        << (hostname.empty() ? "" : " hostname=" + hostname);
   return text.str();
 }

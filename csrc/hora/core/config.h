@@ -38,6 +38,16 @@ struct Config {
   // once. 0 turns it off; it is also off when the host has more ranks than
   // cores.
   int64_t spin_us = 200;
+  // Stall inspector (rank 0): a collective that some ranks have submitted
+  // and others have not for this long is reported, naming the missing
+  // ranks; after stall_shutdown_seconds (0: never) the job stops with that
+  // message on every rank instead of hanging.
+  bool stall_check = true;
+  double stall_warning_seconds = 60.0;
+  double stall_shutdown_seconds = 0.0;
+  // Rank 0 writes a Chrome-trace timeline here from init on ("": none).
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
 
   // Reads the settings through `lookup` (getenv in production, a map in
   // tests). Returns an error naming the variable and its value when a value

@@ -1,6 +1,7 @@
 #include "hora/core/controller.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "hora/common/logging.h"
 
@@ -17,9 +18,42 @@ bool GetBit(const uint64_t* words, int64_t bit) { return (words[bit / 64] >> (bi
 
 }  // namespace
 
-Controller::Controller(Communicator* comm, const Config& config)
-    : comm_(comm), cache_(config.cache_capacity), previous_joined_(comm->size(), false) {
-  if (comm_->rank() == 0) coordinator_.reset(new Coordinator(comm_->size()));
+Controller::Controller(Communicator* comm, const Config& config, Timeline* timeline)
+    : comm_(comm),
+      cache_(config.cache_capacity),
+      previous_joined_(comm->size(), false),
+      timeline_(timeline) {
+  if (comm_->rank() == 0) {
+    coordinator_.reset(new Coordinator(comm_->size()));
+    stalls_.reset(new StallInspector(config));
+  }
+}
+
+static std::string NegotiateActivity(CollectiveKind kind) {
+  std::string name = std::string("NEGOTIATE_") + CollectiveKindName(kind);
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void Controller::NoteReady(const Request& request) {
+  if (!timeline_->active()) return;
+  if (negotiating_.emplace(request.name, request.kind).second) {
+    timeline_->Begin(request.name, NegotiateActivity(request.kind));
+  }
+  timeline_->Instant(request.name, "rank " + std::to_string(request.rank) + " ready",
+                     "{\"rank\": " + std::to_string(request.rank) + "}");
+}
+
+void Controller::NoteDecided(const Response& response) {
+  auto it = negotiating_.find(response.name);
+  if (it == negotiating_.end()) return;
+  timeline_->End(response.name, NegotiateActivity(it->second));
+  negotiating_.erase(it);
+}
+
+int Controller::MsUntilStallCheck() const {
+  if (!stalls_) return -1;
+  return stalls_->MsUntilDue(StallInspector::Clock::now(), *coordinator_);
 }
 
 void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid) {
@@ -27,6 +61,7 @@ void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int
     request.rank = comm_->rank();
     const int64_t slot = ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
     if (slot >= 0 && cache_.Matches(slot, request) && pending_cached_.count(slot) == 0) {
+      if (coordinator_) NoteReady(request);
       pending_cached_.emplace(slot, std::move(request));
       continue;
     }
@@ -45,16 +80,32 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   std::vector<int64_t> invalid;
   ClassifyNew(&new_requests, &invalid);
 
-  // Layout: [~flags][ready: AND][~invalid][~joined][~shutdown]
+  const auto now = StallInspector::Clock::now();
+  bool stall_check = false;
+  if (stalls_ && stalls_->enabled()) {
+    // Cache entries only some ranks have been ready for: pull them off the
+    // cache so that the coordinator sees who sent what.
+    for (const auto& item : stalls_->TakeFlush(now)) {
+      if (!cache_.Occupied(item.first)) continue;
+      invalid.push_back(item.first);
+      coordinator_->Backdate(cache_.response(item.first).name, item.second);
+    }
+    stall_check = stalls_->CheckDue(now, *coordinator_);
+  }
+
+  // Layout: [~flags][ready: AND][~invalid][~any ready][~joined][~shutdown]
   const int64_t w = Words(cache_.capacity());
   const int64_t rw = Words(size);
-  const int64_t ready_at = 1, invalid_at = 1 + w, joined_at = 1 + 2 * w,
-                shutdown_at = 1 + 2 * w + rw;
-  std::vector<uint64_t> words(static_cast<size_t>(1 + 2 * w + 2 * rw), 0);
-  words[0] = uncached_.empty() ? 0 : kFlagUncached;
+  const int64_t ready_at = 1, invalid_at = 1 + w, any_ready_at = 1 + 2 * w,
+                joined_at = 1 + 3 * w, shutdown_at = 1 + 3 * w + rw;
+  std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
+  words[0] = uncached_.empty() && !stall_check ? 0 : kFlagUncached;
   if (waiting) words[0] |= kFlagWaiting;
   if (rank == 0 && root_idle) words[0] |= kFlagRootIdle;
-  for (const auto& item : pending_cached_) SetBit(&words[ready_at], item.first);
+  for (const auto& item : pending_cached_) {
+    SetBit(&words[ready_at], item.first);
+    SetBit(&words[any_ready_at], item.first);
+  }
   for (int64_t slot : invalid) SetBit(&words[invalid_at], slot);
   if (joined) SetBit(&words[joined_at], rank);
   if (shutdown) SetBit(&words[shutdown_at], rank);
@@ -92,6 +143,16 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
       pending_cached_.erase(it);
     }
   }
+  if (stalls_ && stalls_->enabled()) {
+    std::vector<int64_t> partial;
+    for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+      if (GetBit(&words[any_ready_at], slot) && !GetBit(&words[ready_at], slot) &&
+          !GetBit(&words[invalid_at], slot)) {
+        partial.push_back(slot);
+      }
+    }
+    stalls_->ObservePartial(partial, now);
+  }
   if (result->joined_count > 0) {
     // While ranks are joined, only the coordinator knows who contributes
     // real data to each tensor (the Average divisor) and which collectives
@@ -103,13 +164,17 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
       if (!GetBit(&words[ready_at], slot) || GetBit(&words[invalid_at], slot)) continue;
       result->responses.push_back(cache_.response(slot));
       result->responses.back().contributors = size;
+      if (coordinator_) {
+        coordinator_->NoteSubmittedByAll(result->responses.back().name);
+        NoteDecided(result->responses.back());
+      }
       cache_.Touch(slot);
       pending_cached_.erase(slot);
     }
   }
 
   if ((flags & kFlagUncached) || any_invalid || joined_changed || result->joined_count > 0) {
-    HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses));
+    HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses, &result->abort));
   }
 
   result->waiting = (flags & kFlagWaiting) != 0;
@@ -123,7 +188,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   return Status::OK();
 }
 
-Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Response>* out) {
+Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Response>* out,
+                             Status* abort) {
   std::string mine;
   SerializeRequests(uncached_, &mine);
   for (Request& r : uncached_) {
@@ -139,14 +205,31 @@ Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Respon
     for (const std::string& bytes : gathered) {
       std::vector<Request> requests;
       HORA_RETURN_IF_ERROR(ParseRequests(bytes, &requests));
-      for (const Request& r : requests) coordinator_->Add(r);
+      for (const Request& r : requests) {
+        NoteReady(r);
+        coordinator_->Add(r);
+      }
     }
-    SerializeResponses(coordinator_->TakeReady(joined), &decided);
+    std::vector<Response> ready = coordinator_->TakeReady(joined);
+    for (const Response& response : ready) NoteDecided(response);
+    Status stalled = stalls_->Check(StallInspector::Clock::now(), *coordinator_, joined);
+    if (!stalled.ok()) {
+      // A response without a name stops the job on every rank.
+      Response stop;
+      stop.error_code = stalled.code();
+      stop.error = stalled.message();
+      ready.push_back(std::move(stop));
+    }
+    SerializeResponses(ready, &decided);
   }
   HORA_RETURN_IF_ERROR(comm_->BroadcastBytes(&decided, 0).WithContext("negotiation broadcast"));
   std::vector<Response> responses;
   HORA_RETURN_IF_ERROR(ParseResponses(decided, &responses));
   for (Response& response : responses) {
+    if (response.name.empty() && response.is_error()) {
+      *abort = Status(response.error_code, response.error);
+      continue;
+    }
     RecordInCache(response);
     out->push_back(std::move(response));
   }

@@ -20,6 +20,8 @@
 #include "hora/core/coordinator.h"
 #include "hora/core/message.h"
 #include "hora/core/response_cache.h"
+#include "hora/core/stall_inspector.h"
+#include "hora/core/timeline.h"
 
 namespace hora {
 
@@ -31,11 +33,13 @@ struct CycleResult {
   int last_joined_rank = -1;
   bool waiting = false;  // a caller on some rank is blocked on a result
   bool go_idle = false;  // rank 0 decided to stop back-to-back cycling
+  Status abort;          // not OK: the job stops on every rank with this error
 };
 
 class Controller {
  public:
-  Controller(Communicator* comm, const Config& config);
+  // `timeline` (rank 0's) records negotiations; it outlives the controller.
+  Controller(Communicator* comm, const Config& config, Timeline* timeline);
 
   // `waiting`: a caller of this rank is blocked on a result. `root_idle` is
   // rank 0's say on whether the engines go back to sleep after this cycle
@@ -45,19 +49,29 @@ class Controller {
   // Requests that still have to reach the coordinator (e.g. moved off an
   // evicted cache entry): the engine must ask for another cycle.
   bool HasUnsentRequests() const { return !uncached_.empty(); }
+  // Rank 0: milliseconds until the stall inspector needs a cycle (-1: not
+  // while nothing is pending); a cycle run then lets it look.
+  int MsUntilStallCheck() const;
 
  private:
   void ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid);
-  Status Negotiate(const std::vector<bool>& joined, std::vector<Response>* out);
+  Status Negotiate(const std::vector<bool>& joined, std::vector<Response>* out, Status* abort);
   void RecordInCache(const Response& response);
+  // Timeline (rank 0): a negotiation starts at the first sign of a tensor
+  // and ends when it is decided.
+  void NoteReady(const Request& request);
+  void NoteDecided(const Response& response);
 
   Communicator* comm_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<StallInspector> stalls_;    // rank 0 only
   std::unordered_map<int64_t, Request> pending_cached_;  // slot -> this rank's request
   std::vector<Request> uncached_;
   std::unordered_map<std::string, Request> awaiting_decision_;
   std::vector<bool> previous_joined_;
+  Timeline* timeline_;
+  std::unordered_map<std::string, CollectiveKind> negotiating_;  // rank 0, timeline on
 };
 
 }  // namespace hora

@@ -51,11 +51,57 @@ void Coordinator::Add(const Request& request) {
     p.by_rank.resize(size_);
     p.have.assign(size_, false);
     p.order = next_order_++;
+    p.since = Clock::now();
+    auto back = backdated_.find(request.name);
+    if (back != backdated_.end()) {
+      p.since = std::min(p.since, back->second);
+      backdated_.erase(back);
+    }
     arrival_[p.order] = request.name;
     it = table_.emplace(request.name, std::move(p)).first;
   }
   it->second.by_rank[request.rank] = request;
   it->second.have[request.rank] = true;
+  if (request.rank >= 0 && request.rank < size_) last_submitted_[request.rank] = request.name;
+}
+
+void Coordinator::NoteSubmittedByAll(const std::string& name) {
+  for (auto& last : last_submitted_) last = name;
+}
+
+void Coordinator::Backdate(const std::string& name, Clock::time_point since) {
+  auto it = table_.find(name);
+  if (it != table_.end()) {
+    it->second.since = std::min(it->second.since, since);
+  } else {
+    backdated_[name] = since;
+  }
+}
+
+std::vector<Coordinator::Stall> Coordinator::Stalled(Clock::time_point now, Clock::duration older,
+                                                     const std::vector<bool>& joined) const {
+  std::vector<Stall> stalls;
+  for (const auto& item : table_) {
+    const Pending& p = item.second;
+    if (now - p.since < older) continue;
+    Stall stall;
+    stall.name = item.first;
+    stall.kind = FirstRequest(p).kind;
+    stall.seconds = std::chrono::duration<double>(now - p.since).count();
+    for (int r = 0; r < size_; ++r) {
+      if (p.have[r]) {
+        stall.have.push_back(r);
+      } else if (!joined[r]) {
+        stall.missing.push_back(r);
+      }
+    }
+    // A group waiting for its last members is not stalled on any rank.
+    if (stall.missing.empty()) continue;
+    stalls.push_back(std::move(stall));
+  }
+  std::sort(stalls.begin(), stalls.end(),
+            [](const Stall& a, const Stall& b) { return a.seconds > b.seconds; });
+  return stalls;
 }
 
 bool Coordinator::IsComplete(const Pending& p, const std::vector<bool>& joined) const {

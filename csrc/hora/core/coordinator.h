@@ -3,6 +3,7 @@
 // coordinator collects every rank's request for a name and, once all ranks
 // that still take part have it, checks that they agree and decides the
 // response, or the error every rank will raise instead.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,7 +16,7 @@ namespace hora {
 
 class Coordinator {
  public:
-  explicit Coordinator(int size) : size_(size) {}
+  explicit Coordinator(int size) : size_(size), last_submitted_(size) {}
 
   void Add(const Request& request);
   // Responses for every tensor that each rank outside `joined` has
@@ -23,11 +24,35 @@ class Coordinator {
   // come out together, once all of them are ready.
   std::vector<Response> TakeReady(const std::vector<bool>& joined);
 
+  using Clock = std::chrono::steady_clock;
+  // For the stall inspector: a tensor that every rank submitted through the
+  // response cache (so its requests never came here) ...
+  void NoteSubmittedByAll(const std::string& name);
+  // ... and one whose wait began before its requests got here (they sat on
+  // a cache entry that only some ranks had ready).
+  void Backdate(const std::string& name, Clock::time_point since);
+
+  struct Stall {
+    std::string name;
+    CollectiveKind kind;
+    double seconds;            // how long it has waited
+    std::vector<int> have;     // ranks that submitted it
+    std::vector<int> missing;  // ranks (not joined) that have not
+  };
+  // Tensors some ranks have submitted and others not for at least `older`,
+  // longest-waiting first.
+  std::vector<Stall> Stalled(Clock::time_point now, Clock::duration older,
+                             const std::vector<bool>& joined) const;
+  bool HasPending() const { return !table_.empty(); }
+  // The last tensor each rank was seen to submit ("" if none yet).
+  const std::string& LastSubmitted(int rank) const { return last_submitted_[rank]; }
+
  private:
   struct Pending {
     std::vector<Request> by_rank;
     std::vector<bool> have;
     int64_t order = 0;
+    Clock::time_point since;
   };
   bool IsComplete(const Pending& p, const std::vector<bool>& joined) const;
   const Request& FirstRequest(const Pending& p) const;
@@ -37,6 +62,8 @@ class Coordinator {
   int64_t next_order_ = 0;
   std::unordered_map<std::string, Pending> table_;
   std::map<int64_t, std::string> arrival_;
+  std::vector<std::string> last_submitted_;
+  std::unordered_map<std::string, Clock::time_point> backdated_;
 };
 
 }  // namespace hora

@@ -28,8 +28,15 @@ Engine::Engine(std::unique_ptr<Communicator> comm, const Config& config)
       queue_([this] {
         if (wakeup_) wakeup_->NotifyLocal();
       }),
-      controller_(comm_.get(), config),
-      executor_(comm_.get(), &queue_, config) {}
+      controller_(comm_.get(), config, &timeline_),
+      executor_(comm_.get(), &queue_, config, &timeline_) {}
+
+Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (comm_->rank() != 0) return Status::OK();
+  return timeline_.Start(path, mark_cycles);
+}
+
+void Engine::StopTimeline() { timeline_.Stop(); }
 
 Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
                      std::unique_ptr<Engine>* out) {
@@ -51,6 +58,12 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   const bool oversubscribed = t.local_size > static_cast<int>(std::thread::hardware_concurrency());
   if (config.cycle_time_ms == 0 && !oversubscribed && t.size > 1) {
     engine->spin_window_ = std::chrono::microseconds(config.spin_us);
+  }
+  if (!config.timeline_path.empty()) {
+    // Only rank 0 opens the file: failing init there alone would leave the
+    // other ranks waiting for it, so a bad path is reported, not fatal.
+    Status timeline = engine->StartTimeline(config.timeline_path, config.timeline_mark_cycles);
+    if (!timeline.ok()) HORA_LOG(kError) << "HORA_TIMELINE: " << timeline.message();
   }
   Engine* raw = engine.get();
   engine->thread_ = std::thread([raw] { raw->Loop(); });
@@ -87,6 +100,7 @@ void Engine::Shutdown() {
                      << Ms(stats_.execution).count() << " ms running collectives";
   }
   Stop(Status::Shutdown("hora has been shut down on this rank"));
+  timeline_.Stop();
 }
 
 void Engine::Stop(const Status& reason) {
@@ -124,8 +138,11 @@ void Engine::Loop() {
     WakeupChannel::Events events;
     Status status;
     if (root) {
-      if (!HasLocalWork() && pending_wants_ == 0) {
-        status = wakeup_->Wait(-1, &events);
+      // The stall inspector needs a cycle now and then while collectives
+      // are pending, even when no rank has anything new to say.
+      const int stall_ms = controller_.MsUntilStallCheck();
+      if (!HasLocalWork() && pending_wants_ == 0 && stall_ms != 0) {
+        status = wakeup_->Wait(stall_ms, &events);
       } else {
         const auto since = std::chrono::steady_clock::now() - last_start;
         if (since < cycle_time) {
@@ -154,16 +171,26 @@ void Engine::Loop() {
         if (!RunCycles()) return;
       }
     }
-    if (status.ok() && events.lost_rank >= 0) {
-      status = Status::Internal("lost the connection to rank " + std::to_string(events.lost_rank) +
-                                " (its process has probably exited or crashed)");
-    }
+    if (status.ok() && events.lost_rank >= 0) status = LostRank(events);
     if (!status.ok()) {
       HORA_LOG(kError) << status.message();
       Stop(status);
       return;
     }
   }
+}
+
+Status Engine::LostRank(const WakeupChannel::Events& events) {
+  if (events.lost_reported) {
+    return Status::Internal("rank " + std::to_string(events.lost_rank) +
+                            " is gone: rank 0 lost its connection (its process has probably "
+                            "exited or crashed)");
+  }
+  // Rank 0 is the only one connected to everybody: the others learn from it
+  // which rank was lost, instead of only seeing rank 0 go away.
+  wakeup_->AnnounceLost(events.lost_rank);
+  return Status::Internal("lost the connection to rank " + std::to_string(events.lost_rank) +
+                          " (its process has probably exited or crashed)");
 }
 
 bool Engine::RunCycles() {
@@ -181,11 +208,7 @@ bool Engine::RunCycles() {
     if ((++hot & 15) == 0) {
       WakeupChannel::Events events;
       Status status = wakeup_->Wait(0, &events);
-      if (status.ok() && events.lost_rank >= 0) {
-        status = Status::Internal("lost the connection to rank " +
-                                  std::to_string(events.lost_rank) +
-                                  " (its process has probably exited or crashed)");
-      }
+      if (status.ok() && events.lost_rank >= 0) status = LostRank(events);
       if (!status.ok()) {
         HORA_LOG(kError) << status.message();
         Stop(status);
@@ -219,15 +242,20 @@ bool Engine::RunOneCycle(bool* go_idle) {
   const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
     comm_->SetBlockingCollectives(result.waiting);
-    status = executor_.Run(result.responses);
+    status = executor_.Run(result.responses, negotiated);
   }
   ++stats_.cycles;
   if (!result.responses.empty()) ++stats_.working_cycles;
+  timeline_.Cycle(static_cast<int64_t>(stats_.cycles), result.responses.size());
   stats_.negotiation += negotiated - now;
   stats_.execution += std::chrono::steady_clock::now() - negotiated;
   if (!status.ok()) {
     HORA_LOG(kError) << status.message();
     Stop(status);
+    return false;
+  }
+  if (!result.abort.ok()) {
+    Stop(result.abort);
     return false;
   }
   if (result.waiting) last_wait_ = std::chrono::steady_clock::now();

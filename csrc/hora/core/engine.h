@@ -19,6 +19,7 @@
 #include "hora/core/controller.h"
 #include "hora/core/executor.h"
 #include "hora/core/tensor_queue.h"
+#include "hora/core/timeline.h"
 
 namespace hora {
 
@@ -41,11 +42,16 @@ class Engine {
   const Topology& topology() const { return comm_->topology(); }
   const Config& config() const { return config_; }
   std::string TransportDescription() const { return comm_->Describe(); }
+  // The timeline is written by rank 0; on other ranks these do nothing.
+  Status StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
 
  private:
   Engine(std::unique_ptr<Communicator> comm, const Config& config);
   void Loop();
   bool HasLocalWork() const;
+  // The error for a lost peer (and, on rank 0, the notice to the others).
+  Status LostRank(const WakeupChannel::Events& events);
   // Runs one cycle, then more back to back while rank 0 says to stay hot.
   // Returns false when the engine must stop.
   bool RunCycles();
@@ -54,6 +60,7 @@ class Engine {
 
   std::unique_ptr<Communicator> comm_;
   Config config_;
+  Timeline timeline_;  // before the controller and executor, which use it
   std::unique_ptr<WakeupChannel> wakeup_;
   TensorQueue queue_;
   Controller controller_;

@@ -1,5 +1,6 @@
 #include "hora/core/executor.h"
 
+#include <cctype>
 #include <cstring>
 
 #include "hora/algo/host_kernels.h"
@@ -70,7 +71,25 @@ size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) 
   return end;
 }
 
-Status Executor::Run(const std::vector<Response>& responses) {
+void Executor::Record(const Response* batch, size_t batch_size, const std::string& kind,
+                      const std::string& collective, Timeline::Clock::time_point decided,
+                      const Phases& p, int64_t bytes) {
+  const std::string args = "{\"bytes\": " + std::to_string(bytes) +
+                           ", \"tensors\": " + std::to_string(batch_size) + ", \"first\": \"" +
+                           batch[0].name + "\"}";
+  for (size_t k = 0; k < batch_size; ++k) {
+    const std::string& name = batch[k].name;
+    timeline_->Span(name, "QUEUE", decided, p.start);
+    timeline_->Span(name, kind, p.start, p.copied_out, args);
+    if (p.copied_in > p.start) timeline_->Span(name, "MEMCPY_IN_FUSION_BUFFER", p.start, p.copied_in);
+    timeline_->Span(name, collective, p.copied_in, p.reduced);
+    if (p.copied_out > p.reduced) {
+      timeline_->Span(name, "MEMCPY_OUT_FUSION_BUFFER", p.reduced, p.copied_out);
+    }
+  }
+}
+
+Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided) {
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];
@@ -82,7 +101,7 @@ Status Executor::Run(const std::vector<Response>& responses) {
     }
     if (r.kind == CollectiveKind::kAllreduce) {
       const size_t end = FuseFrom(responses, i);
-      HORA_RETURN_IF_ERROR(RunAllreduce(&responses[i], end - i));
+      HORA_RETURN_IF_ERROR(RunAllreduce(&responses[i], end - i, decided));
       i = end;
       continue;
     }
@@ -93,6 +112,8 @@ Status Executor::Run(const std::vector<Response>& responses) {
                               " '" + r.name + "'");
     }
     Status status;
+    Phases phases;
+    phases.start = Timeline::Clock::now();
     switch (r.kind) {
       case CollectiveKind::kAllgather: status = RunAllgather(r, entry); break;
       case CollectiveKind::kBroadcast: status = RunBroadcast(r, entry); break;
@@ -100,6 +121,16 @@ Status Executor::Run(const std::vector<Response>& responses) {
       case CollectiveKind::kReducescatter: status = RunReducescatter(r, entry); break;
       case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
       default: status = Status::Internal("unexpected collective kind");
+    }
+    if (timeline_->active()) {
+      phases.copied_in = phases.start;
+      phases.reduced = phases.copied_out = Timeline::Clock::now();
+      static const char* const kMpiCall[] = {"MPI_ALLREDUCE", "MPI_ALLGATHERV", "MPI_BCAST",
+                                             "MPI_ALLTOALLV", "MPI_REDUCE_SCATTER", "BARRIER"};
+      std::string kind = CollectiveKindName(r.kind);
+      for (char& c : kind) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      Record(&r, 1, kind, kMpiCall[static_cast<int>(r.kind)], decided, phases,
+             entry.input.NumBytes());
     }
     if (!status.ok()) {
       status = status.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'");
@@ -111,7 +142,10 @@ Status Executor::Run(const std::vector<Response>& responses) {
   return Status::OK();
 }
 
-Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
+Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
+                              Timeline::Clock::time_point decided) {
+  Phases phases;
+  phases.start = Timeline::Clock::now();
   std::vector<TensorEntry> entries(batch_size);
   std::vector<bool> present(batch_size);
   for (size_t k = 0; k < batch_size; ++k) {
@@ -145,7 +179,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
       }
     }
     const double factor = IsFloatingPoint(head.dtype) ? PostFactor(head) : 1.0;
+    phases.copied_in = Timeline::Clock::now();
     status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, factor);
+    phases.reduced = Timeline::Clock::now();
     if (status.ok() && !IsFloatingPoint(head.dtype) && head.op == ReduceOp::kAverage) {
       for (size_t k = 0; k < batch_size; ++k) {
         if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, head.contributors);
@@ -162,7 +198,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
     } else if (e.input.data == e.output) {
       send = nullptr;
     }
+    phases.copied_in = Timeline::Clock::now();
     status = router_->Run(send, e.output, count, head.dtype, head.op);
+    phases.reduced = Timeline::Clock::now();
     if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
   } else {
     char* buffer = fusion_buffer_.Get(total * element);
@@ -172,13 +210,21 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size) {
       Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
       offset += count;
     }
+    phases.copied_in = Timeline::Clock::now();
     status = router_->Run(nullptr, buffer, total, wire, head.op);
+    phases.reduced = Timeline::Clock::now();
     offset = 0;
     for (size_t k = 0; k < batch_size && status.ok(); ++k) {
       const int64_t count = batch[k].NumElements();
       if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k]);
       offset += count;
     }
+  }
+  phases.copied_out = Timeline::Clock::now();
+  if (timeline_->active()) {
+    std::string path = AllreducePathName(router_->Choose(total * element));
+    for (char& c : path) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    Record(batch, batch_size, "ALLREDUCE", path + "_ALLREDUCE", decided, phases, total * element);
   }
   if (!status.ok()) {
     status = status.WithContext(

@@ -11,17 +11,22 @@
 #include "hora/core/fusion_buffer.h"
 #include "hora/core/message.h"
 #include "hora/core/tensor_queue.h"
+#include "hora/core/timeline.h"
 
 namespace hora {
 
 class Executor {
  public:
-  Executor(Communicator* comm, TensorQueue* queue, const Config& config)
-      : comm_(comm), queue_(queue), fusion_threshold_bytes_(config.fusion_threshold_bytes) {}
+  Executor(Communicator* comm, TensorQueue* queue, const Config& config, Timeline* timeline)
+      : comm_(comm),
+        queue_(queue),
+        fusion_threshold_bytes_(config.fusion_threshold_bytes),
+        timeline_(timeline) {}
 
   // A transport failure is returned after failing the affected Works; the
-  // engine then stops.
-  Status Run(const std::vector<Response>& responses);
+  // engine then stops. `decided` is when the cycle's negotiation ended (the
+  // timeline's QUEUE phase runs from there to each collective's start).
+  Status Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided);
   // The allreduce algorithms; set once before the first Run.
   void SetRouter(std::unique_ptr<AllreduceRouter> router) { router_ = std::move(router); }
   const AllreduceRouter* router() const { return router_.get(); }
@@ -29,7 +34,15 @@ class Executor {
  private:
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
   // Runs batch[0..batch_size) as one fused allreduce.
-  Status RunAllreduce(const Response* batch, size_t batch_size);
+  Status RunAllreduce(const Response* batch, size_t batch_size, Timeline::Clock::time_point decided);
+  // Timeline spans for one collective over `batch` (copy phases only when
+  // their start and end differ).
+  struct Phases {
+    Timeline::Clock::time_point start, copied_in, reduced, copied_out;
+  };
+  void Record(const Response* batch, size_t batch_size, const std::string& kind,
+              const std::string& collective, Timeline::Clock::time_point decided,
+              const Phases& phases, int64_t bytes);
   Status RunAllgather(const Response& response, TensorEntry& entry);
   Status RunBroadcast(const Response& response, TensorEntry& entry);
   Status RunAlltoall(const Response& response, TensorEntry& entry);
@@ -41,6 +54,7 @@ class Executor {
   FusionBuffer fusion_buffer_;
   std::unique_ptr<AllreduceRouter> router_;
   std::vector<Piece> pieces_;
+  Timeline* timeline_;
 };
 
 }  // namespace hora

@@ -26,6 +26,7 @@ class ResponseCache {
   // Slot holding `name`, or -1.
   int64_t Find(const std::string& name) const;
   const Response& response(int64_t slot) const { return slots_[slot].response; }
+  bool Occupied(int64_t slot) const { return slots_[slot].used; }
   // True when this rank's new request asks for exactly what it asked for
   // when the entry was made.
   bool Matches(int64_t slot, const Request& request) const;

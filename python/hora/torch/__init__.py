@@ -14,7 +14,7 @@ from hora.common.basics import (
     Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
     cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    nccl_built, rank, rocm_built, shutdown, size)
+    nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
     HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError,
     HoraTimeoutError)

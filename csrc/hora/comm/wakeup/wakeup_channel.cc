@@ -245,13 +245,30 @@ Status WakeupChannel::Wait(int timeout_ms, Events* events) {
       const ssize_t got = recv(fds[i].fd, buffer, sizeof(buffer), 0);
       if (got > 0) {
         for (ssize_t b = 0; b < got; ++b) {
-          if (buffer[b] == 'W') ++events->wants;
-          if (buffer[b] == 'S') ++events->starts;
+          const char c = buffer[b];
+          if (reading_lost_) {
+            if (c >= '0' && c <= '9') {
+              lost_digits_ = lost_digits_ * 10 + (c - '0');
+            } else {
+              reading_lost_ = false;
+              events->lost_rank = lost_digits_;
+              events->lost_reported = true;
+            }
+          } else if (c == 'W') {
+            ++events->wants;
+          } else if (c == 'S') {
+            ++events->starts;
+          } else if (c == 'L') {
+            reading_lost_ = true;
+            lost_digits_ = 0;
+          }
         }
         continue;
       }
       if (got < 0 && errno == EINTR) continue;
-      if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) events->lost_rank = peer;
+      if ((got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) && !events->lost_reported) {
+        events->lost_rank = peer;
+      }
       break;
     }
   }
@@ -270,6 +287,17 @@ Status WakeupChannel::SendByte(int fd, char byte, int peer) {
     }
     return Status::Internal("lost the connection to rank " + std::to_string(peer) +
                             " (its process has probably exited)");
+  }
+}
+
+void WakeupChannel::AnnounceLost(int lost_rank) {
+  if (rank_ != 0) return;
+  const std::string notice = "L" + std::to_string(lost_rank) + "\n";
+  for (int r = 1; r < size_; ++r) {
+    if (r == lost_rank || peer_fds_[r] < 0) continue;
+    // Best effort: the job is going down either way.
+    ssize_t ignored = send(peer_fds_[r], notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
   }
 }
 

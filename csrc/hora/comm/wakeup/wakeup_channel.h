@@ -30,11 +30,17 @@ class WakeupChannel {
     int wants = 0;       // rank 0: cycle requests received
     int starts = 0;      // other ranks: cycles rank 0 has started
     int lost_rank = -1;  // a peer whose connection closed
+    // Other ranks: rank 0 told us it lost `lost_rank` (rather than rank 0's
+    // own connection having closed).
+    bool lost_reported = false;
   };
   // Sleeps until local work, a message, or `timeout_ms` (-1: no limit).
   Status Wait(int timeout_ms, Events* events);
   Status RequestCycle();  // ranks other than 0
   Status StartCycle();    // rank 0
+  // Rank 0: tell every other rank which rank was lost, before it stops, so
+  // that their errors name the rank that is gone rather than rank 0.
+  void AnnounceLost(int lost_rank);
 
  private:
   WakeupChannel(int rank, int size) : rank_(rank), size_(size) {}
@@ -45,6 +51,9 @@ class WakeupChannel {
   int event_fd_ = -1;
   std::vector<int> peer_fds_;  // rank 0: one per rank (-1 for itself); others: rank 0's
   std::vector<pollfd> poll_fds_;  // engine thread only
+  // Other ranks: digits of a lost-rank notice ("L<rank>\n") being read.
+  bool reading_lost_ = false;
+  int lost_digits_ = 0;
 };
 
 }  // namespace hora

@@ -1,0 +1,145 @@
+#include "hora/core/stall_inspector.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "hora/common/logging.h"
+
+namespace hora {
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+StallInspector::Clock::duration FromSeconds(double seconds) {
+  return std::chrono::duration_cast<StallInspector::Clock::duration>(Seconds(seconds));
+}
+
+std::string Ranks(const std::vector<int>& ranks) {
+  std::ostringstream s;
+  s << (ranks.size() == 1 ? "rank " : "ranks ");
+  const size_t shown = std::min<size_t>(ranks.size(), 16);
+  for (size_t i = 0; i < shown; ++i) s << (i ? ", " : "") << ranks[i];
+  if (shown < ranks.size()) s << " and " << ranks.size() - shown << " more";
+  return s.str();
+}
+
+std::string Round(double seconds) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  s << seconds << " s";
+  return s.str();
+}
+
+}  // namespace
+
+StallInspector::StallInspector(const Config& config)
+    : enabled_(config.stall_check || config.stall_shutdown_seconds > 0),
+      warning_(FromSeconds(config.stall_check ? config.stall_warning_seconds : 0.0)),
+      shutdown_(FromSeconds(config.stall_shutdown_seconds)) {
+  // The shorter of the two times decides how soon a stall must be seen.
+  double first = config.stall_check ? config.stall_warning_seconds : config.stall_shutdown_seconds;
+  if (config.stall_shutdown_seconds > 0) first = std::min(first, config.stall_shutdown_seconds);
+  flush_after_ = FromSeconds(std::min(1.0, first / 2));
+  interval_ = FromSeconds(std::max(0.05, std::min(1.0, first / 8)));
+}
+
+void StallInspector::ObservePartial(const std::vector<int64_t>& slots, Clock::time_point now) {
+  if (!enabled_) return;
+  std::unordered_map<int64_t, Clock::time_point> still;
+  for (int64_t slot : slots) {
+    auto it = partial_since_.find(slot);
+    still[slot] = it == partial_since_.end() ? now : it->second;
+  }
+  partial_since_.swap(still);
+}
+
+std::vector<std::pair<int64_t, StallInspector::Clock::time_point>> StallInspector::TakeFlush(
+    Clock::time_point now) {
+  std::vector<std::pair<int64_t, Clock::time_point>> flush;
+  for (auto it = partial_since_.begin(); it != partial_since_.end();) {
+    if (now - it->second >= flush_after_) {
+      flush.push_back(*it);
+      it = partial_since_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return flush;
+}
+
+bool StallInspector::CheckDue(Clock::time_point now, const Coordinator& coordinator) const {
+  return enabled_ && coordinator.HasPending() && now >= next_check_;
+}
+
+int StallInspector::MsUntilDue(Clock::time_point now, const Coordinator& coordinator) const {
+  if (!enabled_) return -1;
+  Clock::time_point due = Clock::time_point::max();
+  if (coordinator.HasPending()) due = std::max(now, next_check_);
+  for (const auto& item : partial_since_) due = std::min(due, item.second + flush_after_);
+  if (due == Clock::time_point::max()) return -1;
+  if (due <= now) return 0;
+  // Rounded up, so that a wait of this long finds it due.
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(due - now).count();
+  return static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+std::string StallInspector::Describe(const std::vector<Coordinator::Stall>& stalls,
+                                     const Coordinator& coordinator) const {
+  std::ostringstream s;
+  const size_t shown = std::min<size_t>(stalls.size(), 10);
+  for (size_t i = 0; i < shown; ++i) {
+    const Coordinator::Stall& stall = stalls[i];
+    s << "\n  " << CollectiveKindName(stall.kind) << " '" << stall.name << "' waited "
+      << Round(stall.seconds) << ": submitted by " << Ranks(stall.have) << ", not by "
+      << Ranks(stall.missing) << " (last submitted: ";
+    for (size_t j = 0; j < stall.missing.size() && j < 4; ++j) {
+      const std::string& last = coordinator.LastSubmitted(stall.missing[j]);
+      s << (j ? ", " : "") << "rank " << stall.missing[j] << " '"
+        << (last.empty() ? "nothing yet" : last) << "'";
+    }
+    if (stall.missing.size() > 4) s << ", ...";
+    s << ")";
+  }
+  if (shown < stalls.size()) s << "\n  and " << stalls.size() - shown << " more";
+  return s.str();
+}
+
+Status StallInspector::Check(Clock::time_point now, const Coordinator& coordinator,
+                             const std::vector<bool>& joined) {
+  if (!enabled_) return Status::OK();
+  next_check_ = now + interval_;
+  const char* hint =
+      "\nA rank may have skipped a collective, submitted them in another order or under other "
+      "names, or be stuck (or slow) outside hora.";
+  if (shutdown_ > Clock::duration::zero()) {
+    std::vector<Coordinator::Stall> fatal = coordinator.Stalled(now, shutdown_, joined);
+    if (!fatal.empty()) {
+      std::string message = "hora stopped the job: collectives waited longer than " +
+                            Round(Seconds(shutdown_).count()) +
+                            " (HORA_STALL_SHUTDOWN_TIME_SECONDS) for some ranks:" +
+                            Describe(fatal, coordinator) + hint;
+      HORA_LOG(kError) << message;
+      return Status::Timeout(message);
+    }
+  }
+  if (warning_ > Clock::duration::zero() && (!warned_ || now - last_warning_ >= warning_)) {
+    std::vector<Coordinator::Stall> stalls = coordinator.Stalled(now, warning_, joined);
+    if (!stalls.empty()) {
+      warned_ = true;
+      last_warning_ = now;
+      HORA_LOG(kWarning) << "stall inspector: " << stalls.size()
+                         << (stalls.size() == 1 ? " collective has" : " collectives have")
+                         << " waited more than " << Round(Seconds(warning_).count())
+                         << " (HORA_STALL_CHECK_TIME_SECONDS) for some ranks:"
+                         << Describe(stalls, coordinator) << hint
+                         << (shutdown_ > Clock::duration::zero()
+                                 ? ""
+                                 : " Set HORA_STALL_SHUTDOWN_TIME_SECONDS to stop the job "
+                                   "instead of waiting.");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace hora

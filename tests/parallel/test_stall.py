@@ -1,0 +1,102 @@
+"""The stall inspector: a collective that one rank never submits is reported
+by rank 0 with the missing rank named, and with a shutdown time set every
+rank raises instead of hanging. Each test runs hora with its own stall
+settings and leaves it initialized as the session expects."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import hora
+
+SETTINGS = ("HORA_STALL_CHECK_TIME_SECONDS", "HORA_STALL_SHUTDOWN_TIME_SECONDS")
+
+
+@pytest.fixture
+def stall_settings(size):
+    if size == 1:
+        pytest.skip("a stall needs a rank that stays behind")
+    if os.environ.get("HORA_ALLREDUCE_ALGORITHM", "auto") != "auto":
+        pytest.skip("the stall inspector does not depend on the allreduce path; "
+                    "the jobs with the automatic choice cover it")
+
+    def restart(**values):
+        hora.barrier()
+        hora.shutdown()
+        for name, value in values.items():
+            os.environ[name] = str(value)
+        hora.init()
+
+    yield restart
+    for name in SETTINGS:
+        os.environ.pop(name, None)
+    try:
+        hora.barrier()
+    except hora.HoraError:
+        pass  # the test stopped the job on purpose
+    hora.shutdown()
+    hora.init()
+
+
+def wait_for_warning(capfd, deadline):
+    """Rank 0's captured stderr once it holds a stall warning (or at the deadline)."""
+    seen = ""
+    while time.monotonic() < deadline:
+        seen += capfd.readouterr().err
+        if "stall inspector" in seen:
+            break
+        time.sleep(0.05)
+    return seen
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["new", "cached"])
+def test_missing_rank_is_named_within_the_check_time(stall_settings, capfd, rank, size, cached):
+    stall_settings(HORA_STALL_CHECK_TIME_SECONDS=2)
+    name = f"stall.{'cached' if cached else 'new'}"
+    x = np.ones(4, np.float32)
+    if cached:
+        # Once through every rank: the tensor is then answered by the cache,
+        # whose requests never reach the coordinator unless pulled off it.
+        hora.allreduce(x, name=name, op=hora.Sum)
+        hora.allreduce(x, name="stall.before", op=hora.Sum)
+    capfd.readouterr()
+    late = 1
+    if rank == late:
+        time.sleep(4.0)
+        result = hora.allreduce(x, name=name, op=hora.Sum)
+    else:
+        began = time.monotonic()
+        handle = hora.allreduce_async(x, name=name, op=hora.Sum)
+        if rank == 0:
+            seen = wait_for_warning(capfd, began + 3.8)
+            waited = time.monotonic() - began
+            assert "stall inspector" in seen, f"no stall warning within {waited:.1f} s: {seen!r}"
+            assert 2.0 <= waited < 3.8, waited
+            assert f"allreduce '{name}'" in seen, seen
+            assert f"not by rank {late}" in seen, seen
+            # What the missing rank last did is part of the report.
+            assert f"rank {late} 'stall.before'" in seen if cached else "last submitted" in seen, seen
+        result = hora.synchronize(handle)
+    np.testing.assert_array_equal(result, np.full(4, size, np.float32))
+
+
+def test_shutdown_time_fails_every_rank(stall_settings, rank, size):
+    stall_settings(HORA_STALL_CHECK_TIME_SECONDS=1, HORA_STALL_SHUTDOWN_TIME_SECONDS=2)
+    x = np.ones(4, np.float32)
+    # Rank 1 goes its own way (a collective no one else calls): everyone
+    # waits on someone, the classic hang.
+    name = "stall.other" if rank == 1 else "stall.fatal"
+    began = time.monotonic()
+    with pytest.raises(hora.HoraTimeoutError) as failure:
+        hora.allreduce(x, name=name, op=hora.Sum)
+    seconds = time.monotonic() - began
+    message = str(failure.value)
+    assert 2.0 <= seconds < 8.0, seconds
+    assert "HORA_STALL_SHUTDOWN_TIME_SECONDS" in message, message
+    assert "allreduce 'stall.fatal'" in message and "not by rank 1" in message, message
+    assert "rank 1 'stall.other'" in message, message
+    # The job is stopped on every rank: later calls fail at once, naming why.
+    with pytest.raises(hora.HoraError, match="stall"):
+        hora.allreduce(x, name="stall.after", op=hora.Sum)
