@@ -97,7 +97,8 @@ void Validate(const Request& r, const TensorView& in, const TensorView* out, int
 py::list Submit(int kind, const std::vector<std::string>& names,
                                             py::list inputs, py::object outputs, int op, int root,
                                             double prescale, double postscale, py::object splits,
-                                            const std::vector<int>& dtypes, bool grouped) {
+                                            const std::vector<int>& dtypes, bool grouped,
+                                            const std::string& site) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   const int size = engine->topology().size;
   if (static_cast<size_t>(py::len(inputs)) != names.size() ||
@@ -117,6 +118,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     r.postscale = postscale;
     r.group = group;
     r.group_size = grouped ? static_cast<int32_t>(names.size()) : 0;
+    r.site = site;
     auto w = std::make_unique<PyWork>();
     const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
     w->input.reset(new TensorArg(inputs[i], in_place, dtypes.empty() ? -1 : dtypes[i], "tensor '" + r.name + "'"));
@@ -196,7 +198,11 @@ void RegisterOps(py::module_& m) {
   m.def("submit", &Submit, py::arg("kind"), py::arg("names"), py::arg("inputs"),
         py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
-        py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false);
+        py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false,
+        py::arg("site") = std::string());
+  // Whether submissions should say where they come from (debug log level).
+  m.def("records_call_sites",
+        [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });
 
   m.def("join", [] {
     std::shared_ptr<Engine> engine = CurrentEngine();

@@ -42,6 +42,19 @@ std::string DescribeValues(const std::vector<std::pair<int, std::string>>& value
   return s.str();
 }
 
+// ", submitted at: rank 0 train.py:42 in step; rank 1 ..." when the ranks
+// recorded where they submitted (debug log level), else "".
+std::string CallSites(const std::vector<Request>& by_rank, const std::vector<bool>& have) {
+  std::ostringstream s;
+  bool any = false;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (!have[r] || by_rank[r].site.empty()) continue;
+    s << (any ? "; " : "\n  submitted at: ") << "rank " << r << " " << by_rank[r].site;
+    any = true;
+  }
+  return s.str();
+}
+
 }  // namespace
 
 void Coordinator::Add(const Request& request) {
@@ -173,7 +186,7 @@ std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
       error.name = name;
       error.kind = first.kind;
       error.error_code = StatusCode::kMismatch;
-      error.error = failed->second;
+      error.error = failed->second + CallSites(p.by_rank, p.have);
       ready.push_back(std::move(error));
     } else if (!first.group.empty() && complete_members[first.group] < first.group_size) {
       continue;
@@ -265,7 +278,10 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
       response.error = m.str();
     }
   }
-  if (response.is_error()) return response;
+  if (response.is_error()) {
+    response.error += CallSites(p.by_rank, p.have);
+    return response;
+  }
 
   response.cacheable = ResponseCache::Cacheable(first);
   response.contributors = static_cast<int32_t>(ranks.size());

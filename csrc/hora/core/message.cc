@@ -119,6 +119,7 @@ void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
     w.PutInts(r.splits);
     w.PutString(r.group);
     w.Put<int32_t>(r.group_size);
+    w.PutString(r.site);
   }
 }
 
@@ -132,7 +133,7 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
     if (!rd.Get(&r.rank) || !rd.GetString(&r.name) || !rd.Get(&kind) || !rd.Get(&op) ||
         !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&r.prescale) || !rd.Get(&r.postscale) ||
         !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) || !rd.GetString(&r.group) ||
-        !rd.Get(&r.group_size)) {
+        !rd.Get(&r.group_size) || !rd.GetString(&r.site)) {
       return Status::Internal("truncated request");
     }
     r.kind = static_cast<CollectiveKind>(kind);

@@ -48,6 +48,9 @@ struct Request {
   // Members of a grouped collective are released together.
   std::string group;
   int32_t group_size = 0;
+  // Where the caller submitted it ("train.py:42 in step"), recorded only at
+  // debug log level; named in mismatch errors.
+  std::string site;
 
   int64_t NumElements() const;
 };

@@ -4,6 +4,7 @@ import atexit
 import enum
 
 from hora._loader import _C
+from hora.common import call_site
 
 
 class ReduceOp(enum.IntEnum):
@@ -54,6 +55,7 @@ def init(comm=None):
     """
     handle, ranks = _comm_arguments(comm)
     _C.init(handle, ranks)
+    call_site.refresh()
 
 
 def shutdown():

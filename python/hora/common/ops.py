@@ -14,6 +14,7 @@ import threading
 import numpy as np
 
 from hora._loader import _C
+from hora.common import call_site
 from hora.common.basics import ReduceOp
 
 _KIND_ALLREDUCE = 0
@@ -125,7 +126,7 @@ def _submit(kind, names, inputs, outputs=None, op=1, root=0, prescale=1.0, posts
         wire_outputs = [w if o is i else _wire(o)[0]
                         for w, o, i in zip(wire_inputs, outputs, inputs)]
     return _C.submit(kind, names, wire_inputs, wire_outputs, op, root, float(prescale),
-                     float(postscale), splits, dtypes, grouped)
+                     float(postscale), splits, dtypes, grouped, call_site.describe())
 
 
 def _owned_result(dtype):

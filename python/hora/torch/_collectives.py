@@ -13,6 +13,7 @@ import warnings
 import torch
 
 from hora._loader import _C
+from hora.common import call_site
 from hora.common import ops as _ops
 from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
 
@@ -121,7 +122,8 @@ def as_input(tensor):
 def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, postscale=1.0,
            splits=None, grouped=False):
     return _C.submit(kind, list(names), list(inputs), None if outputs is None else list(outputs),
-                     int(op), int(root), float(prescale), float(postscale), splits, [], grouped)
+                     int(op), int(root), float(prescale), float(postscale), splits, [], grouped,
+                     call_site.describe())
 
 
 def owned_result(work, dtype):
