@@ -141,6 +141,23 @@ void RegisterRuntime(py::module_& m) {
     if (!status.ok()) ThrowStatus(status);
   }, py::arg("path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] { CurrentEngine()->StopTimeline(); });
+  // The engine settings in effect and their changes (autotuning), for tests
+  // and the benchmark.
+  m.def("engine_parameters", [] {
+    std::shared_ptr<Engine> engine = CurrentEngine();
+    const EngineParameters now = engine->parameters();
+    py::dict out;
+    out["fusion_threshold_bytes"] = now.fusion_threshold_bytes;
+    out["cycle_time_ms"] = now.cycle_time_ms;
+    py::list history;
+    for (const auto& change : engine->parameter_history()) {
+      history.append(py::make_tuple(change.cycle, change.parameters.fusion_threshold_bytes,
+                                    change.parameters.cycle_time_ms));
+    }
+    out["history"] = history;
+    out["autotuning"] = engine->autotuning();
+    return out;
+  });
 }
 
 }  // namespace hora

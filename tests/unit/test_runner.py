@@ -461,3 +461,6 @@ def test_job_environment_maps_the_diagnostics_flags(tmp_path):
     assert "HORA_STALL_CHECK_DISABLE" not in env
     env, _ = cli.job_environment(cli.parse_args(["-np", "2", "--no-stall-check", "x"]), {})
     assert env["HORA_STALL_CHECK_DISABLE"] == "1"
+    env, _ = cli.job_environment(cli.parse_args(["-np", "2", "--autotune", "--autotune-log-file",
+                                                 "a.csv", "x"]), {})
+    assert env["HORA_AUTOTUNE"] == "1" and env["HORA_AUTOTUNE_LOG"] == os.path.abspath("a.csv")

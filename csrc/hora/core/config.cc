@@ -68,11 +68,20 @@ Status ReadBool(const Source& source, bool* out) {
 
 Status Config::Load(const std::function<const char*(const char*)>& lookup, Config* config) {
   Config result;
+  const Source threshold = Find(lookup, "HORA_FUSION_THRESHOLD_BYTES", "HOROVOD_FUSION_THRESHOLD");
+  HORA_RETURN_IF_ERROR(ReadInt(threshold, 0, &result.fusion_threshold_bytes));
+  result.fusion_threshold_explicit = threshold.value != nullptr;
+  const Source cycle = Find(lookup, "HORA_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME");
+  HORA_RETURN_IF_ERROR(ReadDouble(cycle, &result.cycle_time_ms));
+  result.cycle_time_explicit = cycle.value != nullptr;
+  HORA_RETURN_IF_ERROR(ReadBool(Find(lookup, "HORA_AUTOTUNE", "HOROVOD_AUTOTUNE"), &result.autotune));
+  const Source autotune_log = Find(lookup, "HORA_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG");
+  if (autotune_log.value != nullptr) result.autotune_log = autotune_log.value;
+  HORA_RETURN_IF_ERROR(ReadDouble(Find(lookup, "HORA_AUTOTUNE_SAMPLE_SECONDS", nullptr),
+                                  &result.autotune_sample_seconds));
   HORA_RETURN_IF_ERROR(ReadInt(
-      Find(lookup, "HORA_FUSION_THRESHOLD_BYTES", "HOROVOD_FUSION_THRESHOLD"), 0,
-      &result.fusion_threshold_bytes));
-  HORA_RETURN_IF_ERROR(
-      ReadDouble(Find(lookup, "HORA_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"), &result.cycle_time_ms));
+      Find(lookup, "HORA_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"), 0,
+      &result.autotune_warmup_samples));
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), 0,
                                &result.cache_capacity));
   HORA_RETURN_IF_ERROR(
@@ -135,6 +144,7 @@ std::string Config::Describe() const {
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
        << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"
        << " stall_shutdown=" << stall_shutdown_seconds << "s"
+       << (autotune ? " autotune=on" : "")
        << (hostname.empty() ? "" : " hostname=" + hostname);
   return text.str();
 }

@@ -48,6 +48,14 @@ struct Config {
   // Rank 0 writes a Chrome-trace timeline here from init on ("": none).
   std::string timeline_path;
   bool timeline_mark_cycles = false;
+  // Autotuning (rank 0 searches, every rank applies): settings given
+  // explicitly are held fixed.
+  bool autotune = false;
+  std::string autotune_log;
+  double autotune_sample_seconds = 2.0;
+  int64_t autotune_warmup_samples = 1;
+  bool fusion_threshold_explicit = false;
+  bool cycle_time_explicit = false;
 
   // Reads the settings through `lookup` (getenv in production, a map in
   // tests). Returns an error naming the variable and its value when a value

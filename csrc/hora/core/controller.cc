@@ -99,7 +99,7 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   const int64_t ready_at = 1, invalid_at = 1 + w, any_ready_at = 1 + 2 * w,
                 joined_at = 1 + 3 * w, shutdown_at = 1 + 3 * w + rw;
   std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
-  words[0] = uncached_.empty() && !stall_check ? 0 : kFlagUncached;
+  words[0] = uncached_.empty() && !stall_check && !announce_ ? 0 : kFlagUncached;
   if (waiting) words[0] |= kFlagWaiting;
   if (rank == 0 && root_idle) words[0] |= kFlagRootIdle;
   for (const auto& item : pending_cached_) {
@@ -174,7 +174,7 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   }
 
   if ((flags & kFlagUncached) || any_invalid || joined_changed || result->joined_count > 0) {
-    HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, &result->responses, &result->abort));
+    HORA_RETURN_IF_ERROR(Negotiate(joined_ranks, result));
   }
 
   result->waiting = (flags & kFlagWaiting) != 0;
@@ -188,8 +188,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   return Status::OK();
 }
 
-Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Response>* out,
-                             Status* abort) {
+Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* result) {
+  std::vector<Response>* out = &result->responses;
   std::string mine;
   SerializeRequests(uncached_, &mine);
   for (Request& r : uncached_) {
@@ -220,6 +220,14 @@ Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Respon
       stop.error = stalled.message();
       ready.push_back(std::move(stop));
     }
+    if (announce_) {
+      Response settings;
+      settings.kind = CollectiveKind::kParameters;
+      settings.shape = {announcement_.fusion_threshold_bytes,
+                        static_cast<int64_t>(announcement_.cycle_time_ms * 1000.0 + 0.5)};
+      ready.push_back(std::move(settings));
+      announce_ = false;
+    }
     SerializeResponses(ready, &decided);
   }
   HORA_RETURN_IF_ERROR(comm_->BroadcastBytes(&decided, 0).WithContext("negotiation broadcast"));
@@ -227,7 +235,13 @@ Status Controller::Negotiate(const std::vector<bool>& joined, std::vector<Respon
   HORA_RETURN_IF_ERROR(ParseResponses(decided, &responses));
   for (Response& response : responses) {
     if (response.name.empty() && response.is_error()) {
-      *abort = Status(response.error_code, response.error);
+      result->abort = Status(response.error_code, response.error);
+      continue;
+    }
+    if (response.kind == CollectiveKind::kParameters && response.shape.size() == 2) {
+      result->has_parameters = true;
+      result->parameters.fusion_threshold_bytes = response.shape[0];
+      result->parameters.cycle_time_ms = static_cast<double>(response.shape[1]) / 1000.0;
       continue;
     }
     RecordInCache(response);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "hora/comm/communicator.h"
+#include "hora/core/autotuner.h"
 #include "hora/core/config.h"
 #include "hora/core/coordinator.h"
 #include "hora/core/message.h"
@@ -34,6 +35,8 @@ struct CycleResult {
   bool waiting = false;  // a caller on some rank is blocked on a result
   bool go_idle = false;  // rank 0 decided to stop back-to-back cycling
   Status abort;          // not OK: the job stops on every rank with this error
+  bool has_parameters = false;  // rank 0 announced new engine settings
+  EngineParameters parameters;
 };
 
 class Controller {
@@ -52,10 +55,15 @@ class Controller {
   // Rank 0: milliseconds until the stall inspector needs a cycle (-1: not
   // while nothing is pending); a cycle run then lets it look.
   int MsUntilStallCheck() const;
+  // Rank 0: send these settings to every rank with the next cycle.
+  void Announce(const EngineParameters& parameters) {
+    announcement_ = parameters;
+    announce_ = true;
+  }
 
  private:
   void ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid);
-  Status Negotiate(const std::vector<bool>& joined, std::vector<Response>* out, Status* abort);
+  Status Negotiate(const std::vector<bool>& joined, CycleResult* result);
   void RecordInCache(const Response& response);
   // Timeline (rank 0): a negotiation starts at the first sign of a tensor
   // and ends when it is decided.
@@ -71,6 +79,8 @@ class Controller {
   std::unordered_map<std::string, Request> awaiting_decision_;
   std::vector<bool> previous_joined_;
   Timeline* timeline_;
+  bool announce_ = false;  // rank 0
+  EngineParameters announcement_;
   std::unordered_map<std::string, CollectiveKind> negotiating_;  // rank 0, timeline on
 };
 

@@ -38,6 +38,27 @@ Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
 
 void Engine::StopTimeline() { timeline_.Stop(); }
 
+void Engine::Apply(const EngineParameters& parameters) {
+  executor_.SetFusionThreshold(parameters.fusion_threshold_bytes);
+  cycle_time_ms_ = parameters.cycle_time_ms;
+  spin_window_ = parameters.cycle_time_ms == 0 && spin_allowed_
+                     ? std::chrono::microseconds(config_.spin_us)
+                     : std::chrono::microseconds(0);
+  std::lock_guard<std::mutex> lock(parameters_mutex_);
+  parameters_ = parameters;
+  parameter_history_.push_back({stats_.cycles, parameters});
+}
+
+EngineParameters Engine::parameters() const {
+  std::lock_guard<std::mutex> lock(parameters_mutex_);
+  return parameters_;
+}
+
+std::vector<Engine::ParameterChange> Engine::parameter_history() const {
+  std::lock_guard<std::mutex> lock(parameters_mutex_);
+  return parameter_history_;
+}
+
 Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
                      std::unique_ptr<Engine>* out) {
   std::unique_ptr<Engine> engine(new Engine(std::move(comm), config));
@@ -56,8 +77,14 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   // and no minimum cycle spacing was asked for.
   const Topology& t = engine->comm_->topology();
   const bool oversubscribed = t.local_size > static_cast<int>(std::thread::hardware_concurrency());
-  if (config.cycle_time_ms == 0 && !oversubscribed && t.size > 1) {
-    engine->spin_window_ = std::chrono::microseconds(config.spin_us);
+  engine->spin_allowed_ = !oversubscribed && t.size > 1;
+  EngineParameters initial;
+  initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
+  initial.cycle_time_ms = config.cycle_time_ms;
+  engine->Apply(initial);
+  engine->parameter_history_.clear();  // the history holds changes only
+  if (config.autotune && engine->comm_->rank() == 0) {
+    engine->autotuner_.reset(new Autotuner(config, initial));
   }
   if (!config.timeline_path.empty()) {
     // Only rank 0 opens the file: failing init there alone would leave the
@@ -129,7 +156,6 @@ void Engine::Loop() {
   // timer slack would stretch each of them.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const bool root = comm_->rank() == 0;
-  const auto cycle_time = std::chrono::duration<double, std::milli>(config_.cycle_time_ms);
   auto last_start = std::chrono::steady_clock::now() - std::chrono::hours(1);
   bool want_sent = false;
   const bool alone = comm_->size() == 1;
@@ -144,6 +170,7 @@ void Engine::Loop() {
       if (!HasLocalWork() && pending_wants_ == 0 && stall_ms != 0) {
         status = wakeup_->Wait(stall_ms, &events);
       } else {
+        const auto cycle_time = std::chrono::duration<double, std::milli>(cycle_time_ms_);
         const auto since = std::chrono::steady_clock::now() - last_start;
         if (since < cycle_time) {
           const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cycle_time - since);
@@ -231,6 +258,8 @@ bool Engine::RunOneCycle(bool* go_idle) {
   const bool root_idle = now - last_wait_ >= spin_window_;
 
   CycleResult result;
+  EngineParameters next;
+  if (autotuner_ && autotuner_->Next(now, &next)) controller_.Announce(next);
   const bool waiting = Work::Waiters() > 0;
   SpinWhileWaiting().store(waiting, std::memory_order_relaxed);
   // A hot cycle follows one in which some caller was waiting: the peers
@@ -241,8 +270,14 @@ bool Engine::RunOneCycle(bool* go_idle) {
                                        &result);
   const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
+    if (result.has_parameters) {
+      Apply(result.parameters);
+      if (autotuner_) autotuner_->Started(negotiated);
+    }
     comm_->SetBlockingCollectives(result.waiting);
     status = executor_.Run(result.responses, negotiated);
+    const int64_t bytes = executor_.TakeAllreducedBytes();
+    if (autotuner_) autotuner_->Record(bytes, negotiated);
   }
   ++stats_.cycles;
   if (!result.responses.empty()) ++stats_.working_cycles;

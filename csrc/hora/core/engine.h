@@ -12,9 +12,11 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "hora/comm/communicator.h"
 #include "hora/comm/wakeup/wakeup_channel.h"
+#include "hora/core/autotuner.h"
 #include "hora/core/config.h"
 #include "hora/core/controller.h"
 #include "hora/core/executor.h"
@@ -45,6 +47,16 @@ class Engine {
   // The timeline is written by rank 0; on other ranks these do nothing.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();
+  // The settings in effect, and every change with the cycle it took effect
+  // on (autotuning); the same on every rank.
+  struct ParameterChange {
+    uint64_t cycle;
+    EngineParameters parameters;
+  };
+  EngineParameters parameters() const;
+  // Rank 0: whether autotuning is still searching.
+  bool autotuning() const { return autotuner_ && autotuner_->active(); }
+  std::vector<ParameterChange> parameter_history() const;
 
  private:
   Engine(std::unique_ptr<Communicator> comm, const Config& config);
@@ -57,6 +69,7 @@ class Engine {
   bool RunCycles();
   bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
+  void Apply(const EngineParameters& parameters);
 
   std::unique_ptr<Communicator> comm_;
   Config config_;
@@ -70,6 +83,12 @@ class Engine {
   // spin_window_ after) is rank 0's decision. Nobody waiting means the
   // callers are computing, and a spinning engine would only steal their core.
   std::chrono::microseconds spin_window_{0};
+  bool spin_allowed_ = false;  // no oversubscription, more than one rank
+  double cycle_time_ms_ = 0.0;  // engine thread's copy of parameters_
+  std::unique_ptr<Autotuner> autotuner_;  // rank 0, HORA_AUTOTUNE=1
+  mutable std::mutex parameters_mutex_;
+  EngineParameters parameters_;
+  std::vector<ParameterChange> parameter_history_;
   std::chrono::steady_clock::time_point last_wait_;
   bool hot_ = false;  // the last cycle asked for another one at once
   struct Stats {

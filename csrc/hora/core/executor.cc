@@ -221,6 +221,7 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
     }
   }
   phases.copied_out = Timeline::Clock::now();
+  allreduced_bytes_ += total * element;
   if (timeline_->active()) {
     std::string path = AllreducePathName(router_->Choose(total * element));
     for (char& c : path) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));

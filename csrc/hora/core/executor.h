@@ -30,6 +30,14 @@ class Executor {
   // The allreduce algorithms; set once before the first Run.
   void SetRouter(std::unique_ptr<AllreduceRouter> router) { router_ = std::move(router); }
   const AllreduceRouter* router() const { return router_.get(); }
+  // Autotuning changes it between cycles (on every rank at once).
+  void SetFusionThreshold(int64_t bytes) { fusion_threshold_bytes_ = bytes; }
+  // Bytes allreduced since the last call (what autotuning scores).
+  int64_t TakeAllreducedBytes() {
+    const int64_t bytes = allreduced_bytes_;
+    allreduced_bytes_ = 0;
+    return bytes;
+  }
 
  private:
   size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
@@ -55,6 +63,7 @@ class Executor {
   std::unique_ptr<AllreduceRouter> router_;
   std::vector<Piece> pieces_;
   Timeline* timeline_;
+  int64_t allreduced_bytes_ = 0;
 };
 
 }  // namespace hora

@@ -76,6 +76,7 @@ const char* CollectiveKindName(CollectiveKind kind) {
     case CollectiveKind::kAlltoall: return "alltoall";
     case CollectiveKind::kReducescatter: return "reducescatter";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kParameters: return "parameters";
   }
   return "unknown";
 }

@@ -19,6 +19,10 @@ enum class CollectiveKind : uint8_t {
   kAlltoall = 3,
   kReducescatter = 4,
   kBarrier = 5,
+  // Not a collective: rank 0's new engine settings (autotuning), which every
+  // rank applies on the same cycle. shape = {fusion threshold bytes, cycle
+  // time in microseconds}.
+  kParameters = 6,
 };
 const char* CollectiveKindName(CollectiveKind kind);
 

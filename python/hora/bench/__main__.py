@@ -1,4 +1,4 @@
-"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,idle,torch-synthetic}
+"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,autotune,idle,torch-synthetic}
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -179,8 +179,8 @@ def main(argv=None):
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "idle",
-                                                                    "torch-synthetic"],
+    parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
+                                                                    "idle", "torch-synthetic"],
                         help="torch-synthetic has options of its own: torch-synthetic --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
@@ -189,7 +189,11 @@ def main(argv=None):
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--iterations", type=int, default=None,
                         help="latency: round trips (2000); fusion: repetitions (10)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="idle: how long to watch")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="idle: how long to watch (5); autotune: timing per setting (3)")
+    parser.add_argument("--sample-seconds", type=float, default=0.5,
+                        help="autotune: HORA_AUTOTUNE_SAMPLE_SECONDS for the search (0.5)")
+    parser.add_argument("--autotune-log", help="autotune: HORA_AUTOTUNE_LOG for the search")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="sweeps: draw busbw against size into this PNG")
     args = parser.parse_args(argv)
@@ -204,7 +208,12 @@ def main(argv=None):
     elif args.benchmark == "fusion":
         args.iterations = args.iterations or 10
         rows = run_fusion(args, comm)
+    elif args.benchmark == "autotune":
+        from hora.bench import autotune
+        args.seconds = args.seconds or 3.0
+        rows = autotune.run(args, comm, log)
     elif args.benchmark == "idle":
+        args.seconds = args.seconds or 5.0
         rows = run_idle(args, comm)
     else:
         rows = run_sweep(args, comm)

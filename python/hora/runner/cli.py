@@ -102,6 +102,11 @@ def build_parser():
                              "0 turns it off)")
     tuning.add_argument("--log-level", choices=_LOG_LEVELS,
                         help="the engine's log level (HORA_LOG_LEVEL; default warning)")
+    tuning.add_argument("--autotune", action="store_true",
+                        help="let rank 0 tune the fusion threshold and cycle time while the job "
+                             "runs (HORA_AUTOTUNE=1); settings given explicitly stay fixed")
+    tuning.add_argument("--autotune-log-file", metavar="FILE",
+                        help="record every autotuning sample in this CSV file (HORA_AUTOTUNE_LOG)")
     seeing = parser.add_argument_group("seeing inside the job")
     seeing.add_argument("--timeline-filename", metavar="FILE",
                         help="rank 0 writes a Chrome-trace timeline of every collective to FILE "
@@ -130,7 +135,7 @@ def build_parser():
 _VALUE_OPTIONS = {"-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpi-args",
                   "--binding-args", "-x", "--start-timeout", "--output-filename",
                   "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--log-level",
-                  "--timeline-filename", "--stall-check-warning-time-seconds",
+                  "--timeline-filename", "--stall-check-warning-time-seconds", "--autotune-log-file",
                   "--stall-check-shutdown-time-seconds"}
 _ARGS_OPTIONS = {"--mpi-args", "--binding-args"}
 
@@ -196,6 +201,9 @@ def job_environment(args, env):
         "HORA_CYCLE_TIME_MS": None if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}",
         "HORA_CACHE_CAPACITY": None if args.cache_capacity is None else str(args.cache_capacity),
         "HORA_LOG_LEVEL": args.log_level,
+        "HORA_AUTOTUNE": "1" if args.autotune else None,
+        "HORA_AUTOTUNE_LOG": os.path.abspath(args.autotune_log_file) if args.autotune_log_file
+        else None,
         "HORA_TIMELINE": os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
         "HORA_TIMELINE_MARK_CYCLES": "1" if args.timeline_mark_cycles else None,
         "HORA_STALL_CHECK_DISABLE": "1" if args.no_stall_check else None,
