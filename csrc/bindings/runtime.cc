@@ -149,10 +149,14 @@ void RegisterRuntime(py::module_& m) {
     py::dict out;
     out["fusion_threshold_bytes"] = now.fusion_threshold_bytes;
     out["cycle_time_ms"] = now.cycle_time_ms;
+    out["response_cache"] = now.response_cache;
+    out["hierarchical"] = now.hierarchical;
     py::list history;
     for (const auto& change : engine->parameter_history()) {
       history.append(py::make_tuple(change.cycle, change.parameters.fusion_threshold_bytes,
-                                    change.parameters.cycle_time_ms));
+                                    change.parameters.cycle_time_ms,
+                                    change.parameters.response_cache,
+                                    change.parameters.hierarchical));
     }
     out["history"] = history;
     out["autotuning"] = engine->autotuning();

@@ -64,7 +64,7 @@ AllreducePath AllreduceRouter::Choose(int64_t bytes) const {
   // auto
   if (bytes <= config_.small_allreduce_bytes) return AllreducePath::kMpi;
   if (one_host_) return shm_ ? AllreducePath::kShm : AllreducePath::kMpi;
-  if (hierarchical_ok_ && shm_) return AllreducePath::kHierarchical;
+  if (hierarchical_ok_ && shm_ && hierarchical_allowed_) return AllreducePath::kHierarchical;
   return AllreducePath::kRing;
 }
 

@@ -33,6 +33,13 @@ class AllreduceRouter {
                        std::unique_ptr<AllreduceRouter>* out);
 
   AllreducePath Choose(int64_t bytes) const;
+  // Whether "auto" may pick the hierarchical path on several hosts (false:
+  // a flat ring across all ranks). Autotuning flips it on every rank at once.
+  void SetHierarchical(bool allowed) { hierarchical_allowed_ = allowed; }
+  bool HierarchicalAvailable() const {
+    return config_.allreduce_algorithm == "auto" && !one_host_ && hierarchical_ok_ &&
+           shm_ != nullptr;
+  }
   // Whether Choose(bytes) reads and writes Piece lists directly.
   bool TakesPieces(int64_t bytes) const {
     const AllreducePath path = Choose(bytes);
@@ -54,6 +61,7 @@ class AllreduceRouter {
   Config config_;
   bool one_host_ = false;
   bool hierarchical_ok_ = false;
+  bool hierarchical_allowed_ = true;
   std::unique_ptr<ShmSegment> segment_;
   std::unique_ptr<ShmAllreduce> shm_;
   RingAllreduce ring_;

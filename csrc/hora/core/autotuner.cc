@@ -19,18 +19,20 @@ constexpr int kMinCyclesPerSample = 5;
 
 }  // namespace
 
-Autotuner::Autotuner(const Config& config, EngineParameters initial)
+Autotuner::Autotuner(const Config& config, EngineParameters initial, bool hierarchical_available)
     : active_(config.autotune),
       sample_seconds_(config.autotune_sample_seconds),
       warmup_samples_(config.autotune_warmup_samples),
       tune_threshold_(!config.fusion_threshold_explicit),
       tune_cycle_(!config.cycle_time_explicit),
+      tune_cache_(!config.cache_capacity_explicit && config.cache_capacity > 0),
+      tune_hierarchical_(hierarchical_available),
       current_(initial),
       best_(initial) {
   if (!active_) return;
-  if (!tune_threshold_ && !tune_cycle_) {
-    HORA_LOG(kWarning) << "HORA_AUTOTUNE: the fusion threshold and the cycle time are both set "
-                          "explicitly, so there is nothing to tune";
+  if (!tune_threshold_ && !tune_cycle_ && !tune_cache_ && !tune_hierarchical_) {
+    HORA_LOG(kWarning) << "HORA_AUTOTUNE: every tunable setting is set explicitly, so there is "
+                          "nothing to tune";
     active_ = false;
     return;
   }
@@ -41,13 +43,17 @@ Autotuner::Autotuner(const Config& config, EngineParameters initial)
                        << "': " << std::strerror(errno);
     } else {
       std::fprintf(log_,
-                   "sample,stage,fusion_threshold_bytes,cycle_time_ms,bytes,seconds,"
-                   "score_bytes_per_second\n");
+                   "sample,stage,fusion_threshold_bytes,cycle_time_ms,response_cache,"
+                   "hierarchical,bytes,seconds,score_bytes_per_second\n");
       std::fflush(log_);
     }
   }
-  stage_ = tune_threshold_ ? 0 : 1;
+  stage_ = 0;
   Plan();
+  while (queue_.empty() && stage_ < 3) {
+    ++stage_;
+    Plan();
+  }
 }
 
 Autotuner::~Autotuner() {
@@ -56,22 +62,40 @@ Autotuner::~Autotuner() {
 
 void Autotuner::Plan() {
   queue_.clear();
-  if (stage_ == 0) {
-    // Warm-up samples first (caches, page faults, the first negotiations),
-    // scored but not counted.
+  // Warm-up samples come first (caches, page faults, first negotiations):
+  // scored but not counted.
+  if (results_.empty() && samples_taken_ == 0) {
     for (int w = 0; w < warmup_samples_; ++w) queue_.push_back(current_);
-    for (int64_t t : kThresholds) queue_.push_back({t, current_.cycle_time_ms});
-  } else if (stage_ == 1) {
-    if (!tune_cycle_) {
-      stage_ = 2;
-      Plan();
-      return;
+  }
+  if (stage_ == 0 && tune_threshold_) {
+    for (int64_t t : kThresholds) {
+      EngineParameters p = current_;
+      p.fusion_threshold_bytes = t;
+      queue_.push_back(p);
     }
-    if (results_.empty()) {
-      for (int w = 0; w < warmup_samples_; ++w) queue_.push_back(current_);
+  } else if (stage_ == 1 && tune_cycle_) {
+    for (double c : kCycleTimes) {
+      EngineParameters p = best_;
+      p.cycle_time_ms = c;
+      queue_.push_back(p);
     }
-    for (double c : kCycleTimes) queue_.push_back({best_.fusion_threshold_bytes, c});
-  } else if (stage_ == 2) {
+  } else if (stage_ == 2 && (tune_cache_ || tune_hierarchical_)) {
+    // The switches, each flipped from the best setting so far.
+    if (tune_cache_) {
+      EngineParameters p = best_;
+      p.response_cache = !p.response_cache;
+      queue_.push_back(p);
+    }
+    if (tune_hierarchical_) {
+      EngineParameters p = best_;
+      p.hierarchical = !p.hierarchical;
+      queue_.push_back(p);
+    }
+    if (std::find_if(results_.begin(), results_.end(),
+                     [this](const Sample& s) { return s.parameters == best_; }) == results_.end()) {
+      queue_.push_back(best_);
+    }
+  } else if (stage_ == 3) {
     // Noise is real on a shared machine: the two best settings get one more
     // sample each, and the better mean wins.
     std::vector<Sample> ranked = results_;
@@ -106,9 +130,10 @@ void Autotuner::Started(Clock::time_point now) {
 void Autotuner::Log(const EngineParameters& p, int64_t bytes, double seconds, double score,
                     const char* stage) {
   if (log_ == nullptr) return;
-  std::fprintf(log_, "%d,%s,%lld,%g,%lld,%.6f,%.1f\n", samples_taken_, stage,
+  std::fprintf(log_, "%d,%s,%lld,%g,%d,%d,%lld,%.6f,%.1f\n", samples_taken_, stage,
                static_cast<long long>(p.fusion_threshold_bytes), p.cycle_time_ms,
-               static_cast<long long>(bytes), seconds, score);
+               p.response_cache ? 1 : 0, p.hierarchical ? 1 : 0, static_cast<long long>(bytes),
+               seconds, score);
   std::fflush(log_);
 }
 
@@ -124,14 +149,15 @@ bool Autotuner::Next(Clock::time_point now, EngineParameters* next) {
   const double seconds = std::chrono::duration<double>(now - sample_start_).count();
   if (seconds < sample_seconds_ || sample_cycles_ < kMinCyclesPerSample) return false;
 
-  static const char* const kStages[] = {"fusion_threshold", "cycle_time", "confirm", "settled"};
+  static const char* const kStages[] = {"fusion_threshold", "cycle_time", "switches", "confirm",
+                                        "settled"};
   const double score = sample_bytes_ / seconds;
   ++samples_taken_;
   queue_.erase(queue_.begin());
   const bool warmup = samples_taken_ <= warmup_samples_;
   Log(current_, sample_bytes_, seconds, score, warmup ? "warmup" : kStages[stage_]);
   if (!warmup) {
-    if (stage_ == 2) {
+    if (stage_ == 3) {
       for (Sample& s : results_) {
         if (s.parameters == current_) s.score = (s.score + score) / 2;
       }
@@ -150,18 +176,20 @@ bool Autotuner::Next(Clock::time_point now, EngineParameters* next) {
       }
     }
   }
-  while (queue_.empty() && stage_ < 3) {
+  while (queue_.empty() && stage_ < 4) {
     ++stage_;
-    if (stage_ < 3) Plan();
+    if (stage_ < 4) Plan();
   }
-  if (stage_ == 3) {
+  if (stage_ == 4) {
     active_ = false;
     if (log_ != nullptr) {
       std::fclose(log_);
       log_ = nullptr;
     }
     HORA_LOG(kInfo) << "autotune: settled on fusion threshold " << best_.fusion_threshold_bytes
-                    << " bytes, cycle time " << best_.cycle_time_ms << " ms after "
+                    << " bytes, cycle time " << best_.cycle_time_ms << " ms, response cache "
+                    << (best_.response_cache ? "on" : "off") << ", "
+                    << (best_.hierarchical ? "hierarchical" : "flat") << " allreduce after "
                     << samples_taken_ << " samples";
     if (best_ == current_) return false;
     *next = current_ = best_;

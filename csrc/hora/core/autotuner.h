@@ -22,8 +22,12 @@ namespace hora {
 struct EngineParameters {
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0.0;
+  bool response_cache = true;  // answer repeated tensors from the cache
+  bool hierarchical = true;    // several hosts: hierarchical, not a flat ring
   bool operator==(const EngineParameters& o) const {
-    return fusion_threshold_bytes == o.fusion_threshold_bytes && cycle_time_ms == o.cycle_time_ms;
+    return fusion_threshold_bytes == o.fusion_threshold_bytes &&
+           cycle_time_ms == o.cycle_time_ms && response_cache == o.response_cache &&
+           hierarchical == o.hierarchical;
   }
   bool operator!=(const EngineParameters& o) const { return !(*this == o); }
 };
@@ -32,7 +36,9 @@ class Autotuner {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Autotuner(const Config& config, EngineParameters initial);
+  // `hierarchical_available`: the job spans hosts and "auto" could pick
+  // either the hierarchical path or a flat ring.
+  Autotuner(const Config& config, EngineParameters initial, bool hierarchical_available);
   ~Autotuner();
 
   // False once the search has settled (or when off). Any thread.
@@ -59,10 +65,12 @@ class Autotuner {
   int warmup_samples_;
   bool tune_threshold_;
   bool tune_cycle_;
+  bool tune_cache_;
+  bool tune_hierarchical_;
   std::vector<EngineParameters> queue_;  // settings still to try in this stage
   std::vector<Sample> results_;
   std::vector<EngineParameters> confirming_;  // the finalists (stage 2)
-  int stage_ = 0;  // 0 thresholds, 1 cycle times, 2 re-measure, 3 settled
+  int stage_ = 0;  // 0 thresholds, 1 cycle times, 2 switches, 3 re-measure, 4 settled
   EngineParameters current_;
   EngineParameters best_;
   bool sampling_ = false;

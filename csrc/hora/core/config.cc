@@ -82,8 +82,9 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadInt(
       Find(lookup, "HORA_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"), 0,
       &result.autotune_warmup_samples));
-  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"), 0,
-                               &result.cache_capacity));
+  const Source cache = Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY");
+  HORA_RETURN_IF_ERROR(ReadInt(cache, 0, &result.cache_capacity));
+  result.cache_capacity_explicit = cache.value != nullptr;
   HORA_RETURN_IF_ERROR(
       ReadInt(Find(lookup, "HORA_SHM_SLOT_BYTES", nullptr), 1, &result.shm_slot_bytes));
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_SMALL_ALLREDUCE_BYTES", nullptr), 0,

@@ -56,6 +56,7 @@ struct Config {
   int64_t autotune_warmup_samples = 1;
   bool fusion_threshold_explicit = false;
   bool cycle_time_explicit = false;
+  bool cache_capacity_explicit = false;
 
   // Reads the settings through `lookup` (getenv in production, a map in
   // tests). Returns an error naming the variable and its value when a value

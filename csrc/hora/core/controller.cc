@@ -51,6 +51,20 @@ void Controller::NoteDecided(const Response& response) {
   negotiating_.erase(it);
 }
 
+void Controller::SetCacheEnabled(bool enabled) {
+  if (enabled == cache_enabled_) return;
+  cache_enabled_ = enabled;
+  if (!enabled) {
+    for (auto& item : pending_cached_) uncached_.push_back(std::move(item.second));
+    pending_cached_.clear();
+  } else {
+    // Requests sent to the coordinator while the cache was off may still be
+    // waiting there; a rank whose copy of such a tensor now hit the cache
+    // would never meet them. Starting from an empty cache avoids that.
+    cache_.Clear();
+  }
+}
+
 int Controller::MsUntilStallCheck() const {
   if (!stalls_) return -1;
   return stalls_->MsUntilDue(StallInspector::Clock::now(), *coordinator_);
@@ -59,7 +73,8 @@ int Controller::MsUntilStallCheck() const {
 void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid) {
   for (Request& request : *new_requests) {
     request.rank = comm_->rank();
-    const int64_t slot = ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
+    const int64_t slot =
+        cache_enabled_ && ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
     if (slot >= 0 && cache_.Matches(slot, request) && pending_cached_.count(slot) == 0) {
       if (coordinator_) NoteReady(request);
       pending_cached_.emplace(slot, std::move(request));
@@ -224,7 +239,8 @@ Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* resul
       Response settings;
       settings.kind = CollectiveKind::kParameters;
       settings.shape = {announcement_.fusion_threshold_bytes,
-                        static_cast<int64_t>(announcement_.cycle_time_ms * 1000.0 + 0.5)};
+                        static_cast<int64_t>(announcement_.cycle_time_ms * 1000.0 + 0.5),
+                        announcement_.response_cache ? 1 : 0, announcement_.hierarchical ? 1 : 0};
       ready.push_back(std::move(settings));
       announce_ = false;
     }
@@ -238,10 +254,15 @@ Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* resul
       result->abort = Status(response.error_code, response.error);
       continue;
     }
-    if (response.kind == CollectiveKind::kParameters && response.shape.size() == 2) {
+    if (response.kind == CollectiveKind::kParameters && response.shape.size() == 4) {
       result->has_parameters = true;
       result->parameters.fusion_threshold_bytes = response.shape[0];
       result->parameters.cycle_time_ms = static_cast<double>(response.shape[1]) / 1000.0;
+      result->parameters.response_cache = response.shape[2] != 0;
+      result->parameters.hierarchical = response.shape[3] != 0;
+      // Switching the cache takes effect here, at the same point on every
+      // rank: requests parked on it go to the coordinator from now on.
+      SetCacheEnabled(result->parameters.response_cache);
       continue;
     }
     RecordInCache(response);
@@ -253,7 +274,8 @@ Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* resul
 void Controller::RecordInCache(const Response& response) {
   auto mine = awaiting_decision_.find(response.name);
   const Request* request = mine == awaiting_decision_.end() ? nullptr : &mine->second;
-  if (response.cacheable && cache_.capacity() > 0 && cache_.Find(response.name) < 0) {
+  if (cache_enabled_ && response.cacheable && cache_.capacity() > 0 &&
+      cache_.Find(response.name) < 0) {
     const int64_t evicted = cache_.Put(response, request);
     auto parked = pending_cached_.find(evicted);
     if (evicted >= 0 && parked != pending_cached_.end()) {

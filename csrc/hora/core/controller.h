@@ -55,6 +55,8 @@ class Controller {
   // Rank 0: milliseconds until the stall inspector needs a cycle (-1: not
   // while nothing is pending); a cycle run then lets it look.
   int MsUntilStallCheck() const;
+  // Off: every request goes through the coordinator (autotuning compares).
+  void SetCacheEnabled(bool enabled);
   // Rank 0: send these settings to every rank with the next cycle.
   void Announce(const EngineParameters& parameters) {
     announcement_ = parameters;
@@ -79,6 +81,7 @@ class Controller {
   std::unordered_map<std::string, Request> awaiting_decision_;
   std::vector<bool> previous_joined_;
   Timeline* timeline_;
+  bool cache_enabled_ = true;
   bool announce_ = false;  // rank 0
   EngineParameters announcement_;
   std::unordered_map<std::string, CollectiveKind> negotiating_;  // rank 0, timeline on

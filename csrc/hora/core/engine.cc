@@ -40,6 +40,7 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 
 void Engine::Apply(const EngineParameters& parameters) {
   executor_.SetFusionThreshold(parameters.fusion_threshold_bytes);
+  executor_.SetHierarchical(parameters.hierarchical);
   cycle_time_ms_ = parameters.cycle_time_ms;
   spin_window_ = parameters.cycle_time_ms == 0 && spin_allowed_
                      ? std::chrono::microseconds(config_.spin_us)
@@ -84,7 +85,8 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   engine->Apply(initial);
   engine->parameter_history_.clear();  // the history holds changes only
   if (config.autotune && engine->comm_->rank() == 0) {
-    engine->autotuner_.reset(new Autotuner(config, initial));
+    engine->autotuner_.reset(
+        new Autotuner(config, initial, engine->executor_.router()->HierarchicalAvailable()));
   }
   if (!config.timeline_path.empty()) {
     // Only rank 0 opens the file: failing init there alone would leave the

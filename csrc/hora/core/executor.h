@@ -32,6 +32,7 @@ class Executor {
   const AllreduceRouter* router() const { return router_.get(); }
   // Autotuning changes it between cycles (on every rank at once).
   void SetFusionThreshold(int64_t bytes) { fusion_threshold_bytes_ = bytes; }
+  void SetHierarchical(bool allowed) { router_->SetHierarchical(allowed); }
   // Bytes allreduced since the last call (what autotuning scores).
   int64_t TakeAllreducedBytes() {
     const int64_t bytes = allreduced_bytes_;

@@ -2,9 +2,15 @@
 
 namespace hora {
 
-ResponseCache::ResponseCache(int64_t capacity) : slots_(static_cast<size_t>(capacity)) {
+ResponseCache::ResponseCache(int64_t capacity) : slots_(static_cast<size_t>(capacity)) { Clear(); }
+
+void ResponseCache::Clear() {
+  for (Slot& slot : slots_) slot = Slot();
+  by_name_.clear();
+  lru_.clear();
+  free_.clear();
   // Hand out low slots first so the bit vector stays short in practice.
-  for (int64_t slot = capacity - 1; slot >= 0; --slot) free_.push_back(slot);
+  for (int64_t slot = capacity() - 1; slot >= 0; --slot) free_.push_back(slot);
 }
 
 bool ResponseCache::Cacheable(const Request& request) {

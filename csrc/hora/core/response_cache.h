@@ -36,6 +36,8 @@ class ResponseCache {
   int64_t Put(const Response& response, const Request* mine);
   void Touch(int64_t slot);
   void Erase(int64_t slot);
+  // Forgets every entry (on every rank at the same point).
+  void Clear();
 
  private:
   struct Slot {
