@@ -122,6 +122,8 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadBool(
       Find(lookup, "HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
       &result.timeline_mark_cycles));
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_TIMELINE_QUEUE_EVENTS", nullptr), 1,
+                               &result.timeline_queue_events));
   const Source hostname = Find(lookup, "HORA_HOSTNAME", nullptr);
   if (hostname.value != nullptr) result.hostname = hostname.value;
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");

@@ -48,6 +48,9 @@ struct Config {
   // Rank 0 writes a Chrome-trace timeline here from init on ("": none).
   std::string timeline_path;
   bool timeline_mark_cycles = false;
+  // Events that may wait for the timeline's writer; beyond it they are
+  // dropped (and that is logged once).
+  int64_t timeline_queue_events = 1 << 16;
   // Autotuning (rank 0 searches, every rank applies): settings given
   // explicitly are held fixed.
   bool autotune = false;

@@ -33,7 +33,7 @@ Engine::Engine(std::unique_ptr<Communicator> comm, const Config& config)
 
 Status Engine::StartTimeline(const std::string& path, bool mark_cycles) {
   if (comm_->rank() != 0) return Status::OK();
-  return timeline_.Start(path, mark_cycles);
+  return timeline_.Start(path, mark_cycles, static_cast<size_t>(config_.timeline_queue_events));
 }
 
 void Engine::StopTimeline() { timeline_.Stop(); }

@@ -36,11 +36,9 @@ const char* const kEngineRow = "(engine cycles)";
 
 }  // namespace
 
-size_t Timeline::kQueueCapacity = 1 << 16;
-
 Timeline::~Timeline() { Stop(); }
 
-Status Timeline::Start(const std::string& path, bool mark_cycles) {
+Status Timeline::Start(const std::string& path, bool mark_cycles, size_t queue_events) {
   std::lock_guard<std::mutex> control(control_);
   StopLocked();
   std::FILE* file = std::fopen(path.c_str(), "w");
@@ -54,6 +52,7 @@ Status Timeline::Start(const std::string& path, bool mark_cycles) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.clear();
+    capacity_ = std::max<size_t>(1, queue_events);
     stopping_ = false;
     dropped_ = 0;
     drop_reported_ = false;
@@ -93,7 +92,7 @@ int64_t Timeline::Micros(Clock::time_point t) const {
 void Timeline::Push(Event event) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (queue_.size() >= kQueueCapacity) {
+    if (queue_.size() >= capacity_) {
       ++dropped_;
       return;
     }

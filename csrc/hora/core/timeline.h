@@ -36,8 +36,9 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Starts writing to `path` (replacing a timeline already being written).
-  Status Start(const std::string& path, bool mark_cycles);
+  // Starts writing to `path` (replacing a timeline already being written);
+  // at most `queue_events` events wait for the writer, more are dropped.
+  Status Start(const std::string& path, bool mark_cycles, size_t queue_events);
   // Finishes the file (closing bracket) and stops the writer.
   void Stop();
   bool active() const { return active_.load(std::memory_order_relaxed); }
@@ -54,7 +55,6 @@ class Timeline {
   // A mark on the engine's own row, when cycles are being marked.
   void Cycle(int64_t number, size_t responses);
 
-  static size_t kQueueCapacity;  // events waiting for the writer (tests lower it)
 
  private:
   struct Event {
@@ -79,6 +79,7 @@ class Timeline {
   std::mutex mutex_;  // guards queue_, stopping_, dropped_
   std::condition_variable wake_;
   std::deque<Event> queue_;
+  size_t capacity_ = 1 << 16;
   bool stopping_ = false;
   uint64_t dropped_ = 0;
   bool drop_reported_ = false;
