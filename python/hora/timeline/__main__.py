@@ -46,7 +46,11 @@ def render(summary, top):
 
 
 def plot(events, out, gap_ms):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("hora.timeline: --plot needs matplotlib "
+                         "(pip install matplotlib, or hora's 'plot' extra)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
