@@ -1,5 +1,7 @@
 #include "hora/algo/allreduce_router.h"
 
+#include <cstring>
+
 #include <sstream>
 
 #include "hora/algo/kernels/kernel_set.h"
@@ -70,6 +72,18 @@ AllreducePath AllreduceRouter::Choose(int64_t bytes) const {
 
 Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
                             double factor) {
+  if (comm_->size() == 1) {
+    // Alone, the result is the input: copy it where it must go, scaled.
+    for (size_t i = 0; i < n; ++i) {
+      const Piece& p = pieces[i];
+      if (IsFloatingPoint(dtype) && factor != 1.0) {
+        Kernels().scale_copy(p.in, p.out, p.count, dtype, factor);
+      } else if (p.in != p.out) {
+        std::memcpy(p.out, p.in, p.count * DataTypeSize(dtype));
+      }
+    }
+    return Status::OK();
+  }
   const PieceMap map(pieces, n, DataTypeSize(dtype));
   const int64_t bytes = map.total() * DataTypeSize(dtype);
   const AllreducePath path = Choose(bytes);
@@ -98,6 +112,10 @@ Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, Reduc
 
 Status AllreduceRouter::Run(const void* send, void* recv, int64_t count, DataType dtype,
                             ReduceOp op) {
+  if (comm_->size() == 1) {
+    if (send != nullptr && send != recv) std::memcpy(recv, send, count * DataTypeSize(dtype));
+    return Status::OK();
+  }
   const AllreducePath path = Choose(count * DataTypeSize(dtype));
   switch (path) {
     case AllreducePath::kRing: return ring_.Run(comm_, send, recv, count, dtype, op);

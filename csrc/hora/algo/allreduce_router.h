@@ -40,8 +40,10 @@ class AllreduceRouter {
     return config_.allreduce_algorithm == "auto" && !one_host_ && hierarchical_ok_ &&
            shm_ != nullptr;
   }
-  // Whether Choose(bytes) reads and writes Piece lists directly.
+  // Whether Choose(bytes) reads and writes Piece lists directly (always,
+  // alone: the result is the input, copied only where it must move).
   bool TakesPieces(int64_t bytes) const {
+    if (comm_->size() == 1) return true;
     const AllreducePath path = Choose(bytes);
     return path == AllreducePath::kShm || path == AllreducePath::kHierarchical;
   }
