@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import hora
 from hora.bench import implementations, resnet50
-from hora.bench.timing import iterations_for, percentile, timed
+from hora.bench.timing import iterations_for, percentile, timed, timed_interleaved
 
 # (busbw factor, check) per collective; factors follow nccl-tests with the
 # size column meaning bytes per rank's input.
@@ -132,8 +132,11 @@ def run_fusion(args, comm):
         f"{comm.Get_size()} ranks")
     rows = []
     for impl in impls:
-        many = timed(lambda: impl.allreduce_async_many(buffers), args.iterations, comm)
-        one = timed(lambda: impl.allreduce(concatenated), args.iterations, comm)
+        # Alternating the two runs keeps a drifting machine from favouring
+        # either; medians keep a stray slow step from deciding.
+        many, one = timed_interleaved([lambda: impl.allreduce_async_many(buffers),
+                                       lambda: impl.allreduce(concatenated)],
+                                      args.iterations, comm)
         rows.append({"impl": impl.name, "tensors_ms": many * 1e3, "concatenated_ms": one * 1e3,
                      "ratio": many / one})
         log(f"  {impl.name:>8}  {len(shapes)} tensors: {many * 1e3:8.2f} ms   one concatenated "
@@ -188,7 +191,7 @@ def main(argv=None):
     parser.add_argument("--min-bytes", type=int, default=8)
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--iterations", type=int, default=None,
-                        help="latency: round trips (2000); fusion: repetitions (10)")
+                        help="latency: round trips (2000); fusion: repetitions (30)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="idle: how long to watch (5); autotune: timing per setting (3)")
     parser.add_argument("--sample-seconds", type=float, default=0.5,
@@ -206,7 +209,7 @@ def main(argv=None):
         args.iterations = args.iterations or 2000
         rows = run_latency(args, comm)
     elif args.benchmark == "fusion":
-        args.iterations = args.iterations or 10
+        args.iterations = args.iterations or 30
         rows = run_fusion(args, comm)
     elif args.benchmark == "autotune":
         from hora.bench import autotune
