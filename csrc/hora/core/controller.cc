@@ -16,6 +16,21 @@ int64_t Words(int64_t bits) { return (bits + 63) / 64; }
 void SetBit(uint64_t* words, int64_t bit) { words[bit / 64] |= uint64_t(1) << (bit % 64); }
 bool GetBit(const uint64_t* words, int64_t bit) { return (words[bit / 64] >> (bit % 64)) & 1; }
 
+// Calls fn(bit) for every set bit of the `count`-word vector made by
+// combine(word index): cycles run back to back, and walking every one of a
+// thousand cache slots each time would cost more than the exchange itself.
+template <typename Combine, typename Fn>
+void ForEachBit(int64_t count, Combine combine, Fn fn) {
+  for (int64_t w = 0; w < count; ++w) {
+    uint64_t word = combine(w);
+    while (word != 0) {
+      const int bit = __builtin_ctzll(word);
+      word &= word - 1;
+      fn(w * 64 + bit);
+    }
+  }
+}
+
 }  // namespace
 
 Controller::Controller(Communicator* comm, const Config& config, Timeline* timeline)
@@ -148,8 +163,7 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   // Stale entries are erased everywhere before anything is read from the
   // cache, and requests parked on them move to the coordinator path.
   bool any_invalid = false;
-  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
-    if (!GetBit(&words[invalid_at], slot)) continue;
+  ForEachBit(w, [&](int64_t i) { return words[invalid_at + i]; }, [&](int64_t slot) {
     any_invalid = true;
     cache_.Erase(slot);
     auto it = pending_cached_.find(slot);
@@ -157,15 +171,12 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
       uncached_.push_back(std::move(it->second));
       pending_cached_.erase(it);
     }
-  }
+  });
   if (stalls_ && stalls_->enabled()) {
     std::vector<int64_t> partial;
-    for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
-      if (GetBit(&words[any_ready_at], slot) && !GetBit(&words[ready_at], slot) &&
-          !GetBit(&words[invalid_at], slot)) {
-        partial.push_back(slot);
-      }
-    }
+    ForEachBit(w, [&](int64_t i) {
+      return words[any_ready_at + i] & ~words[ready_at + i] & ~words[invalid_at + i];
+    }, [&](int64_t slot) { partial.push_back(slot); });
     stalls_->ObservePartial(partial, now);
   }
   if (result->joined_count > 0) {
@@ -175,8 +186,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
     for (auto& item : pending_cached_) uncached_.push_back(std::move(item.second));
     pending_cached_.clear();
   } else {
-    for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
-      if (!GetBit(&words[ready_at], slot) || GetBit(&words[invalid_at], slot)) continue;
+    ForEachBit(w, [&](int64_t i) { return words[ready_at + i] & ~words[invalid_at + i]; },
+               [&](int64_t slot) {
       result->responses.push_back(cache_.response(slot));
       result->responses.back().contributors = size;
       if (coordinator_) {
@@ -185,7 +196,7 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
       }
       cache_.Touch(slot);
       pending_cached_.erase(slot);
-    }
+    });
   }
 
   if ((flags & kFlagUncached) || any_invalid || joined_changed || result->joined_count > 0) {

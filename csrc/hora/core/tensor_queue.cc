@@ -22,6 +22,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
       std::string name = e.request.name;
       entries_.emplace(std::move(name), std::move(e));
     }
+    has_new_.store(!new_requests_.empty(), std::memory_order_release);
   }
   on_new_work_();
   return Status::OK();
@@ -31,11 +32,7 @@ void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   out->swap(new_requests_);
   new_requests_.clear();
-}
-
-bool TensorQueue::HasNewRequests() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !new_requests_.empty();
+  has_new_.store(false, std::memory_order_release);
 }
 
 bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
@@ -53,6 +50,7 @@ void TensorQueue::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     failed.swap(entries_);
     new_requests_.clear();
+    has_new_.store(false, std::memory_order_release);
   }
   for (auto& item : failed) item.second.work->Complete(status);
 }

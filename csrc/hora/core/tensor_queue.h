@@ -3,6 +3,7 @@
 // entries (a request plus the memory it reads and writes); the engine takes
 // the new requests for negotiation and later takes each entry by name when
 // its response says to run it.
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -32,7 +33,9 @@ class TensorQueue {
   // with InvalidArgument if a name is already in flight or repeated.
   Status Add(std::vector<TensorEntry> entries);
   void TakeNewRequests(std::vector<Request>* out);
-  bool HasNewRequests() const;
+  // Lock-free: the engine asks on every pass of its loop, and taking the
+  // mutex there would fight the caller threads adding work.
+  bool HasNewRequests() const { return has_new_.load(std::memory_order_acquire); }
   // Removes and returns the entry; false if this rank never submitted it
   // (a rank that has joined runs allreduces it did not submit).
   bool TakeEntry(const std::string& name, TensorEntry* out);
@@ -45,6 +48,7 @@ class TensorQueue {
   mutable std::mutex mutex_;
   std::unordered_map<std::string, TensorEntry> entries_;
   std::vector<Request> new_requests_;
+  std::atomic<bool> has_new_{false};  // !new_requests_.empty(), written under mutex_
   std::function<void()> on_new_work_;
   bool closed_ = false;
   Status closed_status_;
