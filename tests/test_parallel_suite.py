@@ -40,8 +40,12 @@ def test_parallel_suite(world_size, algorithm, fake_hosts, kernels):
         if world_size > 3 else []
     if kernels == "avx2" and not (cpu_has("avx2") and cpu_has("f16c") and cpu_has("fma")):
         kernels = "generic"  # the instruction set is not there to test
+    # A test that fails on some ranks only leaves the others waiting in a
+    # collective: the stall inspector then ends the job with a report naming
+    # the tensor and the ranks, instead of a silent wait for the job timeout.
     env = dict(os.environ, HORA_ALLREDUCE_ALGORITHM=algorithm,
-               HORA_TEST_FAKE_HOSTS=str(fake_hosts), HORA_CPU_KERNELS=kernels)
+               HORA_TEST_FAKE_HOSTS=str(fake_hosts), HORA_CPU_KERNELS=kernels,
+               HORA_STALL_CHECK_TIME_SECONDS="30", HORA_STALL_SHUTDOWN_TIME_SECONDS="90")
     command = [sys.executable, "-m", "hora.runner", "-np", str(world_size),
                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                # A test stuck for minutes prints every thread's Python stack.

@@ -133,6 +133,13 @@ void RegisterRuntime(py::module_& m) {
   m.def("transport", [] { return CurrentEngine()->TransportDescription(); });
   m.def("finalize_mpi", [] {
     Shutdown();
+    // After a lost rank or a stall shutdown, MPI_Finalize would wait for the
+    // ranks that are gone or stuck: exit without it, and let the launcher
+    // end the job.
+    if (Engine::JobBroken()) {
+      HORA_LOG(kDebug) << "not finalizing MPI: the job stopped on an error";
+      return;
+    }
     MpiCommunicator::FinalizeIfOwned();
   });
   m.def("build_info", &BuildInfo);

@@ -29,9 +29,13 @@ def stall_settings(size):
             os.environ[name] = str(value)
         hora.init()
 
+    saved = {name: os.environ.get(name) for name in SETTINGS}
     yield restart
-    for name in SETTINGS:
-        os.environ.pop(name, None)
+    for name, value in saved.items():  # the job's own settings come back
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
         hora.barrier()
     except hora.HoraError:

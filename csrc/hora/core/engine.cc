@@ -13,6 +13,8 @@
 namespace hora {
 namespace {
 
+std::atomic<bool> g_job_broken{false};
+
 std::string RankList(const std::vector<int>& ranks) {
   std::ostringstream s;
   s << (ranks.size() > 1 ? "ranks " : "rank ");
@@ -94,6 +96,8 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
     Status timeline = engine->StartTimeline(config.timeline_path, config.timeline_mark_cycles);
     if (!timeline.ok()) HORA_LOG(kError) << "HORA_TIMELINE: " << timeline.message();
   }
+  // Every rank made it through a new init together: MPI works again.
+  g_job_broken = false;
   Engine* raw = engine.get();
   engine->thread_ = std::thread([raw] { raw->Loop(); });
   *out = std::move(engine);
@@ -132,12 +136,15 @@ void Engine::Shutdown() {
   timeline_.Stop();
 }
 
+bool Engine::JobBroken() { return g_job_broken.load(); }
+
 void Engine::Stop(const Status& reason) {
   {
     std::lock_guard<std::mutex> lock(shutdown_mutex_);
     if (stopped_) return;
     stopped_ = true;
   }
+  if (reason.code() != StatusCode::kShutdown) g_job_broken = true;
   queue_.Close(reason);
   queue_.FailAll(reason);
   std::lock_guard<std::mutex> lock(join_mutex_);

@@ -40,6 +40,12 @@ class Engine {
   // Stops the thread (telling the other ranks) and fails whatever is still
   // pending. Idempotent.
   void Shutdown();
+  // Whether an engine of this process stopped because the job broke (a
+  // lost rank, a stall past the shutdown time, a transport error) rather
+  // than by shutdown(). MPI_Finalize would then wait for ranks that will
+  // never come, so the process must exit without it. A later successful
+  // init (all ranks together) clears it.
+  static bool JobBroken();
 
   const Topology& topology() const { return comm_->topology(); }
   const Config& config() const { return config_; }
