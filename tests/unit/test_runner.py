@@ -464,3 +464,18 @@ def test_job_environment_maps_the_diagnostics_flags(tmp_path):
     env, _ = cli.job_environment(cli.parse_args(["-np", "2", "--autotune", "--autotune-log-file",
                                                  "a.csv", "x"]), {})
     assert env["HORA_AUTOTUNE"] == "1" and env["HORA_AUTOTUNE_LOG"] == os.path.abspath("a.csv")
+
+
+def test_each_rank_gets_its_share_of_threads_unless_the_user_chose():
+    spec = LaunchSpec(num_proc=2, cores=8, env_names=["PATH"])
+    env = {}
+    cli.default_threads(env, spec)
+    assert env["OMP_NUM_THREADS"] == "4" and spec.env_names == ["OMP_NUM_THREADS", "PATH"]
+    spec = LaunchSpec(num_proc=3, cores=2, env_names=[])
+    env = {}
+    cli.default_threads(env, spec)
+    assert env["OMP_NUM_THREADS"] == "1"  # oversubscribed: one each
+    env = {"OMP_NUM_THREADS": "6"}
+    spec = LaunchSpec(num_proc=2, cores=8, env_names=["OMP_NUM_THREADS"])
+    cli.default_threads(env, spec)
+    assert env["OMP_NUM_THREADS"] == "6"

@@ -172,6 +172,19 @@ def test_ranks_are_bound_to_their_share_of_the_cores():
     assert all(line.endswith(f" {cores}") for line in done.stdout.splitlines()), done.stdout
 
 
+def test_ranks_get_a_thread_count_unless_set():
+    script = "import os\nprint(os.environ.get('OMP_NUM_THREADS'))\n"
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c",
+                           script], env={k: v for k, v in env.items()
+                                         if not k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))},
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    share = max(1, mpi_command.usable_cores() // 2)
+    assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", str(share), str(share)]), done.stdout
+    done = horarun(2, script, extra_env={"OMP_NUM_THREADS": "3"})
+    assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", "3", "3"]), done.stdout
+
+
 def test_verbose_prints_the_mpirun_command():
     done = horarun(1, "pass", options=["--verbose"])
     assert done.returncode == 0

@@ -226,6 +226,17 @@ def job_environment(args, env):
     return env, names
 
 
+def default_threads(env, spec):
+    """Unless the user chose, each rank's OpenMP/BLAS pools get the rank's
+    share of the cores (as torchrun does): otherwise every rank starts one
+    thread per core of the host, and ranks sharing a host fight over them."""
+    if "OMP_NUM_THREADS" in env:
+        return
+    env["OMP_NUM_THREADS"] = str(spec.cores_per_rank)
+    if "OMP_NUM_THREADS" not in spec.env_names:
+        spec.env_names = sorted(spec.env_names + ["OMP_NUM_THREADS"])
+
+
 def build_command(mpirun, flavour, spec, command, python=None, output_dir=None):
     """The full mpirun command line, as a list (never a shell string)."""
     python = sys.executable if python is None else python
@@ -261,6 +272,7 @@ def main(argv=None):
         spec = LaunchSpec(num_proc=args.num_proc, hosts=args.host_list, cores=usable_cores(),
                           env_names=names, binding_args=args.binding_args,
                           mpi_args=args.mpi_args, euid=os.geteuid(), machinefile=machinefile)
+        default_threads(env, spec)
         cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
         if args.verbose:
             _log(shlex.join(cmd))
