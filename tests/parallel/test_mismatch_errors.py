@@ -304,3 +304,37 @@ def test_grouped_member_count_mismatch_with_a_late_rank(rank, size):
     assert "Mismatched number of tensors" in str(error) and "rank 0 sent 2" in str(error), str(error)
     assert seconds < MAX_SECONDS
     usable()
+
+
+def test_grouped_member_count_mismatch_after_cache_hits(rank, size):
+    # The group is answered by the response cache once it has run; a rank
+    # that then sends fewer members must still meet an error, not a hang.
+    name = "mismatch.cached_group"
+    for _ in range(3):
+        out = hora.grouped_allreduce([np.ones(2, np.float32)] * 3, name=name, op=hora.Sum)
+        assert_same(out[2], np.full(2, size, np.float32))
+    if size == 1:
+        return
+    tensors = [np.ones(2, np.float32)] * (2 if rank == 0 else 3)
+    error, seconds = attempt(lambda: hora.grouped_allreduce(tensors, name=name, op=hora.Sum))
+    usable = still_usable(name + ".after", size)
+    assert isinstance(error, hora.HoraMismatchError), f"expected HoraMismatchError, got {error!r}"
+    assert seconds < MAX_SECONDS
+    out = hora.grouped_allreduce([np.ones(2, np.float32)] * 3, name=name, op=hora.Sum)
+    assert_same(out[0], np.full(2, size, np.float32))
+    usable()
+
+
+def test_grouped_dtype_change_after_cache_hits(rank, size):
+    name = "mismatch.cached_group_dtype"
+    for _ in range(2):
+        hora.grouped_allreduce([np.ones(2, np.float32), np.ones(3, np.float32)], name=name,
+                               op=hora.Sum)
+    if size == 1:
+        return
+    second = np.ones(3, np.float64 if rank == size - 1 else np.float32)
+    error, seconds = attempt(lambda: hora.grouped_allreduce([np.ones(2, np.float32), second],
+                                                            name=name, op=hora.Sum))
+    usable = still_usable(name + ".after", size)
+    check_mismatch(error, seconds, f"{name}.1", "data type")
+    usable()

@@ -86,20 +86,59 @@ int Controller::MsUntilStallCheck() const {
 }
 
 void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid) {
-  for (Request& request : *new_requests) {
-    request.rank = comm_->rank();
-    const int64_t slot =
-        cache_enabled_ && ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
-    if (slot >= 0 && cache_.Matches(slot, request) && pending_cached_.count(slot) == 0) {
-      if (coordinator_) NoteReady(request);
-      pending_cached_.emplace(slot, std::move(request));
-      continue;
+  std::vector<Request>& requests = *new_requests;
+  std::vector<int64_t> slots;
+  size_t first = 0;
+  while (first < requests.size()) {
+    // A group's members arrive together (one Add) and take one path
+    // together: all answered by the cache, or all sent to the coordinator,
+    // which releases a group only as a whole.
+    size_t end = first + 1;
+    if (!requests[first].group.empty()) {
+      while (end < requests.size() && requests[end].group == requests[first].group) ++end;
     }
-    // Same name, different parameters: every rank must forget the entry,
-    // and this request goes to the coordinator, which will report the
-    // mismatch (or accept the new parameters if all ranks changed them).
-    if (slot >= 0) invalid->push_back(slot);
-    uncached_.push_back(std::move(request));
+    slots.assign(end - first, -1);
+    bool all_hit = true;
+    for (size_t k = first; k < end; ++k) {
+      Request& request = requests[k];
+      request.rank = comm_->rank();
+      const int64_t slot =
+          cache_enabled_ && ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
+      slots[k - first] = slot;
+      const bool matches = slot >= 0 && cache_.Matches(slot, request);
+      if (!matches || pending_cached_.count(slot) != 0) all_hit = false;
+      // Same name, different parameters: every rank must forget the entry,
+      // and the request goes to the coordinator, which will report the
+      // mismatch (or accept the new parameters if all ranks changed them).
+      if (slot >= 0 && !matches) invalid->push_back(slot);
+    }
+    for (size_t k = first; k < end; ++k) {
+      if (all_hit) {
+        if (coordinator_) NoteReady(requests[k]);
+        pending_cached_.emplace(slots[k - first], std::move(requests[k]));
+      } else {
+        uncached_.push_back(std::move(requests[k]));
+      }
+    }
+    first = end;
+  }
+}
+
+void Controller::Unpark(int64_t slot) {
+  auto it = pending_cached_.find(slot);
+  if (it == pending_cached_.end()) return;
+  const std::string group = it->second.group;
+  uncached_.push_back(std::move(it->second));
+  pending_cached_.erase(it);
+  if (group.empty()) return;
+  // The rest of its group follows it: a group never takes two paths.
+  for (auto member = pending_cached_.begin(); member != pending_cached_.end();) {
+    if (member->second.group == group) {
+      uncached_.push_back(std::move(member->second));
+      member = pending_cached_.erase(member);
+    } else {
+      ++member;
+    }
   }
 }
 
@@ -166,11 +205,7 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   ForEachBit(w, [&](int64_t i) { return words[invalid_at + i]; }, [&](int64_t slot) {
     any_invalid = true;
     cache_.Erase(slot);
-    auto it = pending_cached_.find(slot);
-    if (it != pending_cached_.end()) {
-      uncached_.push_back(std::move(it->second));
-      pending_cached_.erase(it);
-    }
+    Unpark(slot);
   });
   if (stalls_ && stalls_->enabled()) {
     std::vector<int64_t> partial;
@@ -188,6 +223,10 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   } else {
     ForEachBit(w, [&](int64_t i) { return words[ready_at + i] & ~words[invalid_at + i]; },
                [&](int64_t slot) {
+      // Every rank set this bit, so every rank had the request parked; if
+      // it is gone now, a stale member of its group moved the whole group to
+      // the coordinator, on every rank alike.
+      if (pending_cached_.count(slot) == 0) return;
       result->responses.push_back(cache_.response(slot));
       result->responses.back().contributors = size;
       if (coordinator_) {
@@ -288,11 +327,7 @@ void Controller::RecordInCache(const Response& response) {
   if (cache_enabled_ && response.cacheable && cache_.capacity() > 0 &&
       cache_.Find(response.name) < 0) {
     const int64_t evicted = cache_.Put(response, request);
-    auto parked = pending_cached_.find(evicted);
-    if (evicted >= 0 && parked != pending_cached_.end()) {
-      uncached_.push_back(std::move(parked->second));
-      pending_cached_.erase(parked);
-    }
+    if (evicted >= 0) Unpark(evicted);
   }
   if (request != nullptr) awaiting_decision_.erase(mine);
 }

@@ -67,6 +67,9 @@ class Controller {
   void ClassifyNew(std::vector<Request>* new_requests, std::vector<int64_t>* invalid);
   Status Negotiate(const std::vector<bool>& joined, CycleResult* result);
   void RecordInCache(const Response& response);
+  // Moves the request parked on `slot` (and the rest of its group) to the
+  // coordinator path.
+  void Unpark(int64_t slot);
   // Timeline (rank 0): a negotiation starts at the first sign of a tensor
   // and ends when it is decided.
   void NoteReady(const Request& request);
