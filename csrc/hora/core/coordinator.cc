@@ -65,10 +65,12 @@ void Coordinator::Add(const Request& request) {
     p.have.assign(size_, false);
     p.order = next_order_++;
     p.since = Clock::now();
-    auto back = backdated_.find(request.name);
-    if (back != backdated_.end()) {
-      p.since = std::min(p.since, back->second);
-      backdated_.erase(back);
+    if (!backdated_.empty()) {
+      auto back = backdated_.find(request.name);
+      if (back != backdated_.end()) {
+        p.since = std::min(p.since, back->second);
+        backdated_.erase(back);
+      }
     }
     arrival_[p.order] = request.name;
     it = table_.emplace(request.name, std::move(p)).first;

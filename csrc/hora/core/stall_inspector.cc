@@ -45,7 +45,7 @@ StallInspector::StallInspector(const Config& config)
 }
 
 void StallInspector::ObservePartial(const std::vector<int64_t>& slots, Clock::time_point now) {
-  if (!enabled_) return;
+  if (!enabled_ || (slots.empty() && partial_since_.empty())) return;  // the usual cycle
   std::unordered_map<int64_t, Clock::time_point> still;
   for (int64_t slot : slots) {
     auto it = partial_since_.find(slot);

@@ -10,6 +10,7 @@ import os
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 import hora
 from hora._loader import _C
@@ -41,13 +42,8 @@ def _throughput(step, step_bytes, seconds, comm):
         # Every rank runs the same number of steps: rank 0 decides.
         if steps % 5 == 0 and comm.bcast(time.perf_counter() - began >= seconds, root=0):
             break
-    elapsed = comm.allreduce(time.perf_counter() - began, op=max_op())
+    elapsed = comm.allreduce(time.perf_counter() - began, op=MPI.MAX)
     return steps * step_bytes / elapsed
-
-
-def max_op():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 def run(args, comm, log):

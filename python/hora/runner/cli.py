@@ -19,26 +19,25 @@ DEFAULT_START_TIMEOUT_S = 60.0
 _LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "off")
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"the number of processes must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(kind):
+def _number(kind, minimum, expected):
+    """An argparse type: ``kind(text)``, at least ``minimum``; ``expected``
+    names what was wanted in the error."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
         return value
     return parse
+
+
+_positive_int = _number(int, 1, "a whole number of processes")
+
+
+def _non_negative(kind):
+    return _number(kind, 0, "a number")
 
 
 def build_parser():

@@ -11,8 +11,17 @@ since the epoch): the order in which markers reach horarun from several
 hosts is not the order in which ranks failed.
 """
 import dataclasses
+import signal
 
 _LEAD = b"\x1ehora-runner "
+
+
+def signal_name(signum):
+    """'SIGKILL' (or 'SIG99' for a number Python has no name for)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,13 +126,6 @@ def _forward_signals(child):
         signal.signal(signum, forward)
 
 
-def _signal_name(signum):
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def host_name(env=None):
     """The host name mpirun knows this rank's host by (it can differ from
     gethostname(), e.g. for network namespaces standing in for hosts)."""
@@ -176,7 +169,7 @@ def _parse(argv):
 
 
 def _outcome(code):
-    return f"signal={_signal_name(-code)}" if code < 0 else f"code={code}"
+    return f"signal={markers.signal_name(-code)}" if code < 0 else f"code={code}"
 
 
 def main(argv=None):
@@ -242,7 +235,7 @@ def main(argv=None):
 
     _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, _outcome(code), time.time())))
     if code < 0:
-        _write(sys.stderr.buffer, prefix + f"killed by signal {_signal_name(-code)}\n".encode())
+        _write(sys.stderr.buffer, prefix + f"killed by signal {markers.signal_name(-code)}\n".encode())
         return 128 - code
     return code
 

@@ -36,13 +36,6 @@ class Outcome:
     started: frozenset = frozenset()
 
 
-def _signal_name(signum):
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def _relay(pipe, sink, events):
     """Copies mpirun's output line by line, taking out the ranks' markers."""
     for line in iter(pipe.readline, b""):
@@ -116,7 +109,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
     def handle(kind, value, now):
-        nonlocal first_failure, stop_signal, start_expired
+        nonlocal first_failure, stop_signal
         if kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
@@ -131,7 +124,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         elif kind == "signal":
             if stop_signal is None:
                 stop_signal = value
-                log(f"horarun: got {_signal_name(value)}; stopping every rank "
+                log(f"horarun: got {markers.signal_name(value)}; stopping every rank "
                     f"(again to kill them at once)")
                 job.terminate(now, STOP_GRACE_S)
             else:
@@ -185,7 +178,7 @@ def _rank_list(ranks):
 def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout):
     started = frozenset(started)
     if stop_signal is not None:
-        return Outcome(128 + stop_signal, f"horarun: job stopped by {_signal_name(stop_signal)}",
+        return Outcome(128 + stop_signal, f"horarun: job stopped by {markers.signal_name(stop_signal)}",
                        started=started)
     if start_expired:
         return Outcome(code or 1, f"horarun: job stopped: not every rank started within "
@@ -204,7 +197,7 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
                        f"first ({first_failure.describe()}); the job was stopped",
                        first_failure=first_failure, started=started)
     if code < 0:
-        return Outcome(128 - code, f"horarun: mpirun was killed by {_signal_name(-code)}",
+        return Outcome(128 - code, f"horarun: mpirun was killed by {markers.signal_name(-code)}",
                        started=started)
     if code != 0:
         return Outcome(code, f"horarun: job failed with exit code {code}", started=started)
