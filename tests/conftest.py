@@ -1,5 +1,15 @@
 import os
 
+import pytest
+
 # tests/parallel runs only under horarun (which sets HORA_RANK), driven by
 # tests/test_parallel_suite.py; a plain single-process pytest skips it.
 collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel"]
+
+
+@pytest.fixture
+def job_env():
+    """This environment without the rank variables of any MPI job the tests
+    themselves run in, so that a job a test starts is a fresh one."""
+    return {key: value for key, value in os.environ.items()
+            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}

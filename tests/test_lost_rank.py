@@ -3,7 +3,6 @@ error names it (rank 0 sees the connection close and tells the others),
 instead of the survivors naming rank 0 or hanging. (A rank lost in the middle
 of a collective leaves its peers inside MPI; there the launcher stops the job
 and horarun names the rank, see tests/unit/test_runner_localhost.py.)"""
-import os
 import subprocess
 import sys
 
@@ -35,17 +34,15 @@ os._exit(0)
 
 
 @pytest.mark.parametrize("num_proc", [2, 3])
-def test_survivors_name_the_lost_rank(tmp_path, num_proc):
+def test_survivors_name_the_lost_rank(tmp_path, num_proc, job_env):
     script = tmp_path / "lose_rank_1.py"
     script.write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     # Open MPI would stop the job as soon as rank 1 vanished; with recovery
     # on, the survivors run on and report what hora told them.
     done = subprocess.run([sys.executable, "-m", "hora.runner", "-np", str(num_proc),
                            "--mpi-args", "--enable-recovery",
                            sys.executable, str(script), str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=job_env, capture_output=True, text=True, timeout=120)
     for rank in [r for r in range(num_proc) if r != 1]:
         path = tmp_path / f"rank.{rank}"
         assert path.exists(), f"rank {rank} recorded nothing:\n{done.stdout}\n{done.stderr}"

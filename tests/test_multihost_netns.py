@@ -39,7 +39,6 @@ def _why_not():
             return f"the '{tool}' tool is not installed (iproute2 / util-linux)"
     try:
         flavour = mpi_command.query_flavour(mpi_command.find_mpirun())
-        version = mpi_command.query_version_text(mpi_command.find_mpirun())
     except mpi_command.MpiError as exc:
         return f"no usable mpirun: {exc}"
     if flavour != mpi_command.OPEN_MPI:

@@ -1,7 +1,6 @@
 """A rank stuck outside hora while the others wait in a collective: with a
 stall shutdown time set, the waiting ranks raise, exit without waiting for
 the stuck one in MPI_Finalize, and horarun ends the whole job."""
-import os
 import subprocess
 import sys
 import time
@@ -17,12 +16,10 @@ time.sleep(300)  # rank 1: stuck somewhere else
 """
 
 
-def test_stalled_job_ends_with_the_report(tmp_path):
+def test_stalled_job_ends_with_the_report(tmp_path, job_env):
     script = tmp_path / "desync.py"
     script.write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
-    env.update(HORA_STALL_CHECK_TIME_SECONDS="1", HORA_STALL_SHUTDOWN_TIME_SECONDS="2")
+    env = dict(job_env, HORA_STALL_CHECK_TIME_SECONDS="1", HORA_STALL_SHUTDOWN_TIME_SECONDS="2")
     began = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "3",
                            sys.executable, str(script)],

@@ -1,7 +1,6 @@
 """A job killed mid-run still leaves a timeline that loads (Perfetto and
 chrome://tracing accept the missing closing bracket; so does hora.timeline)."""
 import json
-import os
 import subprocess
 import sys
 
@@ -23,15 +22,13 @@ time.sleep(30)
 """
 
 
-def test_killed_job_leaves_a_loadable_timeline(tmp_path):
+def test_killed_job_leaves_a_loadable_timeline(tmp_path, job_env):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     path = tmp_path / "killed.json"
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     done = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "2",
                            "--timeline-filename", str(path), sys.executable, str(script)],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=job_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + 9, done.stderr
     text = path.read_text()
     assert not text.rstrip().endswith("]"), "the file was finished although the job was killed"

@@ -70,3 +70,35 @@ def rank():
 @pytest.fixture
 def size():
     return hora.size()
+
+
+@pytest.fixture
+def restart_hora():
+    """``restart_hora(NAME=value, ...)`` runs hora anew with these settings
+    (every rank calls it at the same point). Afterwards the job's own
+    settings and a running hora come back, also after a test that stopped
+    the job on purpose."""
+    saved = {}
+
+    def restart(**values):
+        hora.barrier()
+        hora.shutdown()
+        for name, value in values.items():
+            saved.setdefault(name, os.environ.get(name))
+            os.environ[name] = str(value)
+        hora.init()
+
+    yield restart
+    if not saved:
+        return
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        hora.barrier()
+    except hora.HoraError:
+        pass  # the test stopped the job on purpose
+    hora.shutdown()
+    hora.init()

@@ -7,31 +7,11 @@ import os
 import time
 
 import numpy as np
-import pytest
 
 import hora
 from hora._loader import _C
 
-SETTINGS = ("HORA_AUTOTUNE", "HORA_AUTOTUNE_SAMPLE_SECONDS", "HORA_AUTOTUNE_WARMUP_SAMPLES",
-            "HORA_AUTOTUNE_LOG", "HORA_FUSION_THRESHOLD_BYTES")
 MiB = 1 << 20
-
-
-@pytest.fixture
-def autotune(tmp_path):
-    def restart(**values):
-        hora.barrier()
-        hora.shutdown()
-        for name, value in values.items():
-            os.environ[name] = str(value)
-        hora.init()
-
-    yield restart
-    for name in SETTINGS:
-        os.environ.pop(name, None)
-    hora.barrier()
-    hora.shutdown()
-    hora.init()
 
 
 def train_until_settled(rank, limit_s=60):
@@ -51,10 +31,10 @@ def train_until_settled(rank, limit_s=60):
                 return step
 
 
-def test_search_settles_and_every_rank_agrees(autotune, tmp_path, rank, size):
+def test_search_settles_and_every_rank_agrees(restart_hora, tmp_path, rank, size):
     log = tmp_path / "autotune.csv"
-    autotune(HORA_AUTOTUNE=1, HORA_AUTOTUNE_SAMPLE_SECONDS=0.05, HORA_AUTOTUNE_WARMUP_SAMPLES=1,
-             HORA_AUTOTUNE_LOG=log)
+    restart_hora(HORA_AUTOTUNE=1, HORA_AUTOTUNE_SAMPLE_SECONDS=0.05,
+                 HORA_AUTOTUNE_WARMUP_SAMPLES=1, HORA_AUTOTUNE_LOG=log)
     train_until_settled(rank)
     state = _C.engine_parameters()
     histories = hora.allgather_object(state["history"], name="toy.history")
@@ -90,9 +70,9 @@ def test_search_settles_and_every_rank_agrees(autotune, tmp_path, rank, size):
             state["hierarchical"]) == best, (state, scored)
 
 
-def test_explicit_setting_is_held(autotune, rank, size):
-    autotune(HORA_AUTOTUNE=1, HORA_AUTOTUNE_SAMPLE_SECONDS=0.05, HORA_AUTOTUNE_WARMUP_SAMPLES=0,
-             HORA_FUSION_THRESHOLD_BYTES=4 * MiB)
+def test_explicit_setting_is_held(restart_hora, rank, size):
+    restart_hora(HORA_AUTOTUNE=1, HORA_AUTOTUNE_SAMPLE_SECONDS=0.05,
+                 HORA_AUTOTUNE_WARMUP_SAMPLES=0, HORA_FUSION_THRESHOLD_BYTES=4 * MiB)
     train_until_settled(rank)
     history = _C.engine_parameters()["history"]
     assert history, "the cycle time was never tuned"

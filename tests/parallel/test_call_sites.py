@@ -1,7 +1,6 @@
 """At HORA_LOG_LEVEL=debug a mismatch error also says where each rank
 submitted the collective."""
 
-import os
 import pathlib
 
 import numpy as np
@@ -17,18 +16,10 @@ def line_of(marker):
 
 
 @pytest.fixture
-def debug_level(size):
+def debug_level(size, restart_hora):
     if size == 1:
         pytest.skip("a mismatch needs two ranks")
-    hora.barrier()
-    hora.shutdown()
-    os.environ["HORA_LOG_LEVEL"] = "debug"
-    hora.init()
-    yield
-    os.environ.pop("HORA_LOG_LEVEL")
-    hora.barrier()
-    hora.shutdown()
-    hora.init()
+    restart_hora(HORA_LOG_LEVEL="debug")
 
 
 def submit_shape_mismatch(rank):

@@ -11,37 +11,14 @@ import pytest
 
 import hora
 
-SETTINGS = ("HORA_STALL_CHECK_TIME_SECONDS", "HORA_STALL_SHUTDOWN_TIME_SECONDS")
-
-
 @pytest.fixture
-def stall_settings(size):
+def stall_settings(size, restart_hora):
     if size == 1:
         pytest.skip("a stall needs a rank that stays behind")
     if os.environ.get("HORA_ALLREDUCE_ALGORITHM", "auto") != "auto":
         pytest.skip("the stall inspector does not depend on the allreduce path; "
                     "the jobs with the automatic choice cover it")
-
-    def restart(**values):
-        hora.barrier()
-        hora.shutdown()
-        for name, value in values.items():
-            os.environ[name] = str(value)
-        hora.init()
-
-    saved = {name: os.environ.get(name) for name in SETTINGS}
-    yield restart
-    for name, value in saved.items():  # the job's own settings come back
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        hora.barrier()
-    except hora.HoraError:
-        pass  # the test stopped the job on purpose
-    hora.shutdown()
-    hora.init()
+    return restart_hora
 
 
 def wait_for_warning(capfd, deadline):

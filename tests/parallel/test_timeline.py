@@ -3,7 +3,6 @@ file (written by rank 0) with every phase of every tensor, and the summarize
 tool reads it."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -99,25 +98,17 @@ def test_restart_replaces_the_file_and_stop_twice_is_harmless(tmp_path, rank, si
         assert load_events(second) == json.loads(second.read_text())
 
 
-def test_a_writer_that_falls_behind_drops_and_says_so_once(tmp_path, capfd, rank, size):
+def test_a_writer_that_falls_behind_drops_and_says_so_once(tmp_path, capfd, restart_hora, rank,
+                                                           size):
     # A queue of 8 events cannot hold one cycle's worth: events are dropped,
     # reported once, and the file still loads.
     path = tmp_path / "dropping.json"
+    restart_hora(HORA_TIMELINE_QUEUE_EVENTS=8)
+    hora.start_timeline(path, mark_cycles=True)
     hora.barrier()
-    hora.shutdown()
-    os.environ["HORA_TIMELINE_QUEUE_EVENTS"] = "8"
-    try:
-        hora.init()
-        hora.start_timeline(path, mark_cycles=True)
-        hora.barrier()
-        for step in range(50):
-            hora.grouped_allreduce([np.ones(4, np.float32)] * 6, name=f"drop.{step % 5}")
-        hora.stop_timeline()
-    finally:
-        os.environ.pop("HORA_TIMELINE_QUEUE_EVENTS")
-        hora.barrier()
-        hora.shutdown()
-        hora.init()
+    for step in range(50):
+        hora.grouped_allreduce([np.ones(4, np.float32)] * 6, name=f"drop.{step % 5}")
+    hora.stop_timeline()
     if rank != 0:
         return
     err = capfd.readouterr().err

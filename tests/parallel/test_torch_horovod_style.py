@@ -64,6 +64,12 @@ def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def global_batch_backward(reference, tag, size):
+    """Gradients one process would get from every rank's batch of ``tag``."""
+    batches = [digits_batch(tag, r) for r in range(size)]
+    (sum(F.nll_loss(reference(x), y) for x, y in batches) / size).backward()
+
+
 def assert_on_every_rank(condition, message):
     """Asserts ``condition`` on all ranks together: every rank fails when any
     does, so that none is left waiting in a collective the others skipped."""
@@ -159,8 +165,7 @@ def test_mnist_script_flow_trains_like_one_process(compression, predivide, rank,
             optimizer.step()
 
             reference_optimizer.zero_grad()
-            batches = [digits_batch(f"{tag}.{step}", r) for r in range(size)]
-            (sum(F.nll_loss(reference(x), y) for x, y in batches) / size).backward()
+            global_batch_backward(reference, f"{tag}.{step}", size)
             reference_optimizer.step()
             if compression == "fp16":
                 for p in model.parameters():  # the averaged gradient travelled as float16
@@ -202,8 +207,7 @@ def test_mixed_precision_pattern_synchronize_unscale_skip(rank, size):
         with optimizer.skip_synchronize():
             optimizer.step()
 
-    batches = [digits_batch("amp", r) for r in range(size)]
-    (sum(F.nll_loss(reference(x), y) for x, y in batches) / size).backward()
+    global_batch_backward(reference, "amp", size)
     torch.optim.SGD(reference.parameters(), lr=0.1).step()
     assert_identical_on_every_rank(flat(model))
     assert_moved_and_close(model, reference, start, 1e-5)
@@ -370,8 +374,7 @@ def test_num_groups_positional_as_in_horovods_signature(rank, size):
     data, target = digits_batch("num_groups", rank)
     F.nll_loss(model(data), target).backward()
     optimizer.step()
-    batches = [digits_batch("num_groups", r) for r in range(size)]
-    (sum(F.nll_loss(reference(x), y) for x, y in batches) / size).backward()
+    global_batch_backward(reference, "num_groups", size)
     torch.optim.SGD(reference.parameters(), lr=0.3).step()
     assert_identical_on_every_rank(flat(model))
     assert_moved_and_close(model, reference, start, 1e-5)

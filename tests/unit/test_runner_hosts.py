@@ -56,7 +56,7 @@ def test_hostfile_from_disk(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("a slots=2\nb:3\n")
     assert parse_hostfile(str(path)) == [Host("a", 2), Host("b", 3)]
-    with pytest.raises(HostError, match=f"line 1"):
+    with pytest.raises(HostError, match="line 1"):
         path.write_text("a slots=\n")
         parse_hostfile(str(path))
     with pytest.raises(HostError, match="cannot read hostfile"):

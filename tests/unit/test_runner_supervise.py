@@ -8,8 +8,6 @@ import textwrap
 import threading
 import time
 
-import pytest
-
 from hora.runner import markers, supervise
 
 
