@@ -2,9 +2,10 @@ import os
 
 import pytest
 
-# tests/parallel runs only under horarun (which sets HORA_RANK), driven by
-# tests/test_parallel_suite.py; a plain single-process pytest skips it.
-collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel"]
+# tests/parallel and tests/tf_parallel run only under horarun (which sets
+# HORA_RANK), driven by tests/test_parallel_suite.py and
+# tests/test_tensorflow_suite.py; a plain single-process pytest skips them.
+collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel", "tf_parallel"]
 
 
 @pytest.fixture

@@ -8,12 +8,13 @@ core's works plus a function that builds the result from them; the
 """
 
 import math
-import warnings
 
 import torch
 
 from hora._loader import _C
 from hora.common import call_site
+from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
+    check_op, check_process_set, check_root, check_splits, resolve_op)
 from hora.common import ops as _ops
 from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
 
@@ -27,13 +28,6 @@ SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int
 
 
 # --- argument checks ---------------------------------------------------------
-
-def check_process_set(process_set, what):
-    if process_set is not None:
-        raise ValueError(
-            f"{what}: hora has no process sets; every collective spans all ranks, so leave "
-            f"process_set at its default (None / hora.torch.global_process_set)")
-
 
 def check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
@@ -60,30 +54,6 @@ def check_tensors(tensors, what):
     return tensors
 
 
-def resolve_op(average, op, what):
-    if op is not None and average is not None:
-        raise ValueError(f"{what}: pass either op or the deprecated average argument, not both")
-    if average is not None:
-        warnings.warn(f"{what}: the average argument is deprecated; use op=hora.torch.Average or "
-                      f"op=hora.torch.Sum", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
-    return check_op(op)
-
-
-def check_root(root_rank, what):
-    try:
-        return int(root_rank)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}") from None
-
-
-def check_op(op):
-    """``op`` as a ReduceOp; ``ValueError`` for an unknown one."""
-    return ReduceOp(_ops._check_op(op))
-
-
 def group_names(name, count, kind):
     """Member names of a grouped collective (``name`` or an automatic one)."""
     return _ops._group_names(name, count, kind)
@@ -96,12 +66,7 @@ def splits_list(splits, what):
         if splits.dtype.is_floating_point or splits.dtype == torch.bool:
             raise TypeError(f"{what}: splits must hold integers, got {splits.dtype}")
         return [int(s) for s in splits.reshape(-1).tolist()]
-    values = []
-    for s in splits:
-        if isinstance(s, bool) or int(s) != s:
-            raise TypeError(f"{what}: splits must hold integers, got {s!r}")
-        values.append(int(s))
-    return values
+    return check_splits(splits, what)
 
 
 # --- submission ----------------------------------------------------------------

@@ -1,0 +1,30 @@
+"""``import hora.tensorflow as hvd``: Horovod's TensorFlow 2 API over hora.
+
+Pure Python over the core (no C++ built against TensorFlow), so one install
+works with any TensorFlow 2 release. Collectives work eagerly and inside
+``tf.function``; ``DistributedGradientTape`` wraps a ``tf.GradientTape``;
+``hora.tensorflow.keras`` (also ``hora.keras``) wraps Keras optimizers and
+provides the callbacks.
+"""
+
+from hora.common.basics import (
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
+    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+    nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
+from hora.common.exceptions import (
+    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError)
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.functions import allgather_object, broadcast_object
+from hora.tensorflow.gradient_tape import DistributedGradientTape
+from hora.tensorflow.mpi_ops import (
+    allgather, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_variables,
+    global_process_set, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
+    local_rank_op, local_size_op, rank_op, reducescatter, size_op)
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):
+    """Horovod's TF2 spelling: wraps a Keras optimizer exactly as
+    :func:`hora.tensorflow.keras.DistributedOptimizer` does."""
+    from hora.tensorflow.keras import DistributedOptimizer as keras_optimizer
+    return keras_optimizer(optimizer, *args, **kwargs)

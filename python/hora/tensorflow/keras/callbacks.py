@@ -1,0 +1,169 @@
+"""Keras callbacks for data-parallel training, with Horovod's names.
+
+Put :class:`BroadcastGlobalVariablesCallback` first and
+:class:`MetricAverageCallback` before any callback that reads the metrics
+(checkpointing, early stopping, LR plateaus), so those see global values.
+"""
+
+import numpy as np
+import keras
+
+from hora.common import ops as _ops
+from hora.common.arguments import check_root
+from hora.common.basics import size
+from hora.tensorflow.mpi_ops import broadcast_variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, sets every rank's model and optimizer
+    variables to ``root_rank``'s, so all ranks start from the same state
+    (after random initialization or a checkpoint loaded on one rank). The
+    optimizer is built first if it is not yet."""
+
+    def __init__(self, root_rank=0, device=""):
+        super().__init__()
+        self.root_rank = check_root(root_rank, "BroadcastGlobalVariablesCallback")
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        if self.broadcast_done:
+            return
+        model = self.model
+        variables = list(model.variables)
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None:
+            if not optimizer.built:
+                optimizer.build(model.trainable_variables)
+            variables += list(optimizer.variables)
+        broadcast_variables(variables, self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """At the end of each epoch, replaces every numeric value in ``logs``
+    (loss, metrics, validation metrics) by its average over all ranks, so
+    that what is printed, checkpointed or acted on is the global value.
+    Ranks whose logs hold different keys raise ``HoraMismatchError``."""
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs or size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
+        values = np.array([float(logs[k]) for k in keys], np.float64)
+        averaged = _ops.allreduce(values, name="hora.keras.MetricAverageCallback." + ",".join(keys))
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+def _is_number(value):
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from
+    ``start_epoch`` up to (not including) ``end_epoch``.
+
+    ``multiplier`` is a number or a function of the epoch; with
+    ``staircase=False`` the epoch is fractional (``epoch + batch /
+    steps_per_epoch``) and the rate changes every batch. With
+    ``momentum_correction`` the momentum buffers of an SGD optimizer are
+    rescaled by ``new_lr / old_lr`` whenever the rate changes (Goyal et al.,
+    2017), which is what scaling the momentum for one step does for plain
+    momentum. ``steps_per_epoch`` defaults to what ``fit`` reports. The
+    optimizer's learning rate must be a number (a variable), not a
+    schedule; ``ValueError`` otherwise."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__()
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.current_epoch = None
+
+    def _learning_rate_variable(self):
+        optimizer = self.model.optimizer
+        lr = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate
+        if not hasattr(lr, "assign"):
+            raise ValueError(f"{type(self).__name__} sets the optimizer's learning rate, which "
+                             f"is a {type(lr).__name__}; give the optimizer a float "
+                             f"learning_rate instead of a schedule")
+        return lr
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+        if not self.staircase and not self.steps_per_epoch:
+            raise ValueError(f"{type(self).__name__}(staircase=False) needs steps_per_epoch; "
+                             f"fit() did not report one (pass steps_per_epoch)")
+        self._learning_rate_variable()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+
+    def _in_range(self):
+        return self.current_epoch >= self.start_epoch and (
+            self.end_epoch is None or self.current_epoch < self.end_epoch)
+
+    def _set_learning_rate(self, lr):
+        variable = self._learning_rate_variable()
+        old = float(np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable))
+        variable.assign(lr)
+        if self.momentum_correction and old > 0 and lr != old:
+            optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+            for buffer in getattr(optimizer, "momentums", None) or []:
+                buffer.assign(buffer * (lr / old))
+
+    def on_batch_begin(self, batch, logs=None):
+        if self.current_epoch is None or not self._in_range():
+            return
+        if self.staircase:
+            if batch == 0:
+                self._set_learning_rate(self.initial_lr * self.multiplier(self.current_epoch))
+            return
+        epoch = self.current_epoch + float(batch) / self.steps_per_epoch
+        self._set_learning_rate(self.initial_lr * self.multiplier(epoch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(np.asarray(self._learning_rate_variable().numpy()))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramps the learning rate from ``initial_lr / size()`` up to
+    ``initial_lr`` over the first ``warmup_epochs`` epochs, batch by batch
+    (Goyal et al., 2017): large global batches train better when the scaled
+    rate is reached gradually. ``initial_lr`` is the already scaled rate
+    (e.g. ``0.01 * hvd.size()``). With ``verbose`` it prints a line when the
+    warmup ends."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
+                 verbose=0):
+        def multiplier(epoch):
+            # epoch is fractional; at 0 the rate is initial_lr / size
+            return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch, verbose=verbose)
+        self.warmup_epochs = warmup_epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1:
+            # the last warmup batch set the rate just below the target
+            self._set_learning_rate(self.initial_lr)
+            if self.verbose:
+                print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                      f"{self.initial_lr:g}.")

@@ -1,0 +1,124 @@
+"""DistributedOptimizer for Keras 3 optimizers (the Keras TensorFlow 2.16+ ships).
+
+``DistributedOptimizer(opt)`` returns a new optimizer of a subclass of
+``type(opt)`` made on the fly, configured like ``opt`` (through
+``get_config``/``from_config``, as Horovod does). Its gradients are
+averaged over all ranks right before clipping and the update, so
+``clipnorm``/``global_clipnorm`` see the global gradient, and with
+``backward_passes_per_step=N`` (Keras's own ``gradient_accumulation_steps``)
+the allreduce runs only on the steps that update. A ``LossScaleOptimizer``
+is reduced before its finiteness check, so every rank takes the same
+decision. The subclass keeps the wrapped class's name and module, so a
+model saved with it loads in plain Keras as the original optimizer, and
+:func:`hora.tensorflow.keras.load_model` wraps it again.
+"""
+
+import keras
+
+from hora.common.basics import Average
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.gradients import GradientReducer
+
+
+class _DistributedOptimizer:
+    """Mixed in before a Keras optimizer class; its settings are the class
+    attribute ``_hora_settings``, so ``from_config`` builds a working
+    instance (which is what ``load_model`` relies on)."""
+
+    _hora_settings = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
+                                             **self._hora_settings)
+
+    def _clip_gradients(self, grads):
+        return super()._clip_gradients(self._hora_reducer(grads))
+
+
+class _DistributedLossScaleOptimizer:
+    """The same for ``keras.optimizers.LossScaleOptimizer``: reduce the
+    scaled gradients before the finiteness check."""
+
+    _hora_settings = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
+                                             **self._hora_settings)
+
+    def apply(self, grads, trainable_variables=None):
+        return super().apply(self._hora_reducer(list(grads)), trainable_variables)
+
+
+def distributed_class(cls, settings):
+    """A subclass of the Keras optimizer class ``cls`` that reduces its
+    gradients with ``settings`` (keyword arguments of GradientReducer)."""
+    if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
+                        f"(keras.optimizers.Optimizer), got {getattr(cls, '__name__', cls)}")
+    if issubclass(cls, (_DistributedOptimizer, _DistributedLossScaleOptimizer)):
+        raise ValueError(f"{cls.__name__} is already a hora DistributedOptimizer")
+    if issubclass(cls, keras.optimizers.LossScaleOptimizer):
+        mixin = _DistributedLossScaleOptimizer
+    else:
+        mixin = _DistributedOptimizer
+        if not callable(getattr(cls, "_clip_gradients", None)):
+            raise RuntimeError(
+                f"this Keras ({keras.__version__}) has no Optimizer._clip_gradients, where hora "
+                f"reduces gradients; please report it with your Keras version")
+    return type(cls.__name__, (mixin, cls), {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "_hora_settings": dict(settings)})
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None, scale_local_gradients=True):
+    """Returns a Keras optimizer that averages gradients over all ranks.
+
+    ``compression`` casts for the wire (``Compression.fp16``);
+    ``sparse_as_dense`` makes ``tf.IndexedSlices`` dense before reducing
+    (otherwise they are gathered); ``op`` is Average (default) or Sum;
+    ``gradient_predivide_factor`` divides before the sum and the rest after;
+    ``backward_passes_per_step=N`` accumulates N batches locally and reduces
+    once per update, summing them unless ``average_aggregated_gradients``;
+    ``groups`` (an int) splits the gradients into that many fused units.
+    ``name`` renames the optimizer; ``device_*``, ``process_set`` (other than
+    the global set) and ``scale_local_gradients`` are accepted for Horovod
+    compatibility. Raises ``TypeError`` for a non-Keras-3 optimizer and
+    ``ValueError`` for bad settings."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
+                        f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
+    steps = int(backward_passes_per_step)
+    if steps < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, got "
+                         f"{backward_passes_per_step}")
+    if groups is not None and not isinstance(groups, int):
+        raise ValueError("DistributedOptimizer: groups must be an int number of groups for Keras "
+                         "optimizers (lists of variables are supported by "
+                         "DistributedGradientTape)")
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    extra_postscale = 1.0
+    if steps > 1:
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError("backward_passes_per_step > 1 is not supported with a "
+                             "LossScaleOptimizer; accumulate in the inner optimizer instead")
+        current = config.get("gradient_accumulation_steps")
+        if current and current != steps:
+            raise ValueError(f"the optimizer already accumulates over {current} steps but "
+                             f"backward_passes_per_step is {steps}; set only one of them")
+        config["gradient_accumulation_steps"] = steps
+        if not average_aggregated_gradients:
+            extra_postscale = float(steps)  # Keras averages the accumulated passes
+    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                    gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                    num_groups=num_groups, process_set=process_set,
+                    extra_postscale=extra_postscale)
+    GradientReducer(**settings)  # raises for bad settings before anything is built
+    return distributed_class(type(optimizer), settings).from_config(config)

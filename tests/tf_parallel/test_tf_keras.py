@@ -1,0 +1,225 @@
+"""Keras training with hora: DistributedOptimizer in model.fit and
+DistributedGradientTape in a custom loop both end with identical weights on
+every rank, equal to single-process training on the concatenated batches;
+the callbacks and load_model do what Horovod's do."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hora.keras as hk
+import hora.tensorflow as hvd
+from hora.tensorflow.keras.optimizer import _DistributedOptimizer
+
+BATCH = 4
+STEPS = 3
+
+
+def make_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(3)])
+
+
+def rank_data(size, batches=STEPS, batch=BATCH):
+    """Every rank's (x, y): rank r's batch i is rows [i*batch, (i+1)*batch) of its block."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(size, batches * batch, 5)).astype(np.float32)
+    y = rng.integers(0, 3, size=(size, batches * batch))
+    return x, y
+
+
+def global_batches(x, y, batch):
+    """The single-process data: global batch i is every rank's batch i, concatenated."""
+    size, rows = x.shape[0], x.shape[1]
+    order = [(r, i) for i in range(rows // batch) for r in range(size)]
+    gx = np.concatenate([x[r, i * batch:(i + 1) * batch] for r, i in order])
+    gy = np.concatenate([y[r, i * batch:(i + 1) * batch] for r, i in order])
+    return gx, gy
+
+
+def assert_same_on_every_rank(weights):
+    mine = [w.copy() for w in weights]
+    for other in hvd.allgather_object(mine):
+        for a, b in zip(other, mine):
+            np.testing.assert_array_equal(a, b)
+
+
+def loss_fn():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_fit_matches_single_process_on_the_global_batch(passes, rank, size):
+    x, y = rank_data(size, batches=STEPS * passes)
+    model = make_model(seed=1 + rank)  # different starting points: the callback equalizes them
+    reference = make_model(seed=1)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                   backward_passes_per_step=passes,
+                                   average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss=loss_fn(), jit_compile=False)
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
+                      jit_compile=False)
+    gx, gy = global_batches(x, y, BATCH * passes)
+    reference.fit(gx, gy, batch_size=BATCH * passes * size, epochs=1, shuffle=False, verbose=0)
+    assert_same_on_every_rank(model.get_weights())
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_gradient_tape_matches_single_process(rank, size, mode):
+    x, y = rank_data(size)
+    model, reference = make_model(seed=3), make_model(seed=3)
+    opt, ref_opt = keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.01)
+    loss = loss_fn()
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            value = loss(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape, groups=2)
+        grads = tape.gradient(value, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+    step = mode(step)
+    for i in range(STEPS):
+        step(x[rank, i * BATCH:(i + 1) * BATCH], y[rank, i * BATCH:(i + 1) * BATCH])
+    gx, gy = global_batches(x, y, BATCH)
+    global_batch = BATCH * size
+    for i in range(STEPS):
+        with tf.GradientTape() as tape:
+            value = loss(gy[i * global_batch:(i + 1) * global_batch],
+                         reference(gx[i * global_batch:(i + 1) * global_batch], training=True))
+        ref_opt.apply(tape.gradient(value, reference.trainable_variables),
+                      reference.trainable_variables)
+    assert_same_on_every_rank(model.get_weights())
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_tape_reduces_embedding_gradients_sparse_and_dense(rank, size):
+    table = tf.Variable(np.zeros((size + 1, 2), np.float32))
+    for sparse_as_dense in (False, True):
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(tf.gather(table, [rank, rank + 1]) * (rank + 1))
+        tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+        grad = tape.gradient(value, [table])[0]
+        assert isinstance(grad, tf.IndexedSlices) != sparse_as_dense
+        expected = np.zeros((size + 1, 2))
+        for r in range(size):
+            expected[[r, r + 1]] += (r + 1) / size
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-6)
+
+
+def test_broadcast_callback_equalizes_models_and_optimizer(rank, size):
+    model = make_model(seed=10 + rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.0)),
+                  loss=loss_fn(), jit_compile=False)
+    root_weights = make_model(seed=10).get_weights()
+    x, y = rank_data(size, batches=1)
+    model.fit(x[rank], y[rank], batch_size=BATCH, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(root_rank=0)])
+    for got, want in zip(model.get_weights(), root_weights):
+        np.testing.assert_allclose(got, want, atol=1e-7)  # learning rate 0: still rank 0's
+    assert_same_on_every_rank([v.numpy() for v in model.optimizer.variables])
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epoch_logs, self.batch_lr = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_logs.append(dict(logs))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.batch_lr.append(float(self.model.optimizer.learning_rate.numpy()))
+
+
+def test_metric_average_callback_gives_the_global_mean(rank, size):
+    model = make_model(seed=20)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                  loss=loss_fn(), metrics=["accuracy"], jit_compile=False)
+    x, y = rank_data(size)
+    local, averaged = Recorder(), Recorder()
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=2, verbose=0,
+              validation_data=(x[rank][:4], y[rank][:4]),
+              callbacks=[local, hk.callbacks.MetricAverageCallback(), averaged])
+    everyone = hvd.allgather_object(local.epoch_logs)
+    for epoch, logs in enumerate(averaged.epoch_logs):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            expected = np.mean([ranks_logs[epoch][key] for ranks_logs in everyone])
+            assert logs[key] == pytest.approx(expected, rel=1e-6), key
+
+
+def test_warmup_ramps_from_lr_over_size_to_lr(rank, size):
+    model = make_model(seed=30)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.4, momentum=0.5)),
+                  loss=loss_fn(), jit_compile=False)
+    x, y = rank_data(size, batches=4)
+    recorder = Recorder()
+    warmup = hk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=3, verbose=0,
+              callbacks=[warmup, recorder])
+    expected = [0.4 / size * ((e + b / 4) * (size - 1) / 2 + 1) for e in range(2) for b in range(4)]
+    np.testing.assert_allclose(recorder.batch_lr[:8], expected, rtol=1e-6)
+    np.testing.assert_allclose(recorder.batch_lr[8:], [0.4] * 4, rtol=1e-6)
+
+
+def test_momentum_correction_rescales_sgd_velocity():
+    model = make_model(seed=31)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn())
+    model.optimizer.build(model.trainable_variables)
+    for buffer in model.optimizer.momentums:
+        buffer.assign(tf.ones_like(buffer))
+    schedule = hk.callbacks.LearningRateScheduleCallback(0.1, multiplier=0.5)
+    schedule.set_model(model)
+    schedule._set_learning_rate(0.05)
+    for buffer in model.optimizer.momentums:
+        np.testing.assert_allclose(buffer.numpy(), 0.5)
+
+
+def test_load_model_wraps_the_optimizer_again(rank, size, tmp_path):
+    model = make_model(seed=40)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                  loss=loss_fn(), jit_compile=False)
+    x, y = rank_data(size)
+    model.fit(x[rank], y[rank], batch_size=BATCH, verbose=0)
+    path = os.path.join(str(tmp_path), f"model-rank{rank}.keras")
+    model.save(path)
+    plain = keras.models.load_model(path)
+    assert type(plain.optimizer) is keras.optimizers.Adam
+    loaded = hk.load_model(path)
+    assert isinstance(loaded.optimizer, _DistributedOptimizer)
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    assert int(loaded.optimizer.iterations.numpy()) == STEPS
+    loaded.fit(x[rank], y[rank], batch_size=BATCH, verbose=0)
+    assert_same_on_every_rank(loaded.get_weights())
+
+
+def test_loss_scale_optimizer_steps_together(rank, size):
+    model = make_model(seed=50)
+    inner = keras.optimizers.SGD(0.1)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(inner)),
+                  loss=loss_fn(), jit_compile=False)
+    x, y = rank_data(size)
+    model.fit(x[rank], y[rank], batch_size=BATCH, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_on_every_rank(model.get_weights())
+
+
+def test_distributed_optimizer_argument_errors():
+    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+        hvd.DistributedOptimizer(object())
+    with pytest.raises(ValueError, match="backward_passes_per_step must be at least 1"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="op must be Average or Sum"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
+    with pytest.raises(ValueError, match="already accumulates over 3"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=3),
+                                 backward_passes_per_step=2)
+    with pytest.raises(TypeError, match="wraps a tf.GradientTape"):
+        hvd.DistributedGradientTape(object())
