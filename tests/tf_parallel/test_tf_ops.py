@@ -197,6 +197,14 @@ def test_broadcast_and_reducescatter_gradients(rank, size, mode):
     np.testing.assert_allclose(grad.numpy(), np.concatenate(w))
 
 
+def test_alltoall_gradient_sends_rows_back(rank, size, mode):
+    weights = [rank_values("a2aw", r, (size, 2)) for r in range(size)]
+    x = tf.constant(rank_values("a2ax", rank, (size, 2)))
+    grad = gradient(mode, lambda x: tf.reduce_sum(weights[rank] * hvd.alltoall(x)[0]), x)
+    # row d of x went to rank d, where it is row `rank` of the output
+    np.testing.assert_allclose(grad.numpy(), np.stack([weights[d][rank] for d in range(size)]))
+
+
 # --- errors ----------------------------------------------------------------------
 
 def test_mismatched_shapes_raise_on_every_rank(rank, size):
