@@ -2,10 +2,11 @@ import os
 
 import pytest
 
-# tests/parallel and tests/tf_parallel run only under horarun (which sets
-# HORA_RANK), driven by tests/test_parallel_suite.py and
-# tests/test_tensorflow_suite.py; a plain single-process pytest skips them.
-collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel", "tf_parallel"]
+# tests/parallel, tests/tf_parallel and tests/mx_parallel run only under
+# horarun (which sets HORA_RANK), driven by tests/test_parallel_suite.py,
+# tests/test_tensorflow_suite.py and tests/test_mxnet_suite.py; a plain
+# single-process pytest skips them.
+collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel", "tf_parallel", "mx_parallel"]
 
 
 @pytest.fixture

@@ -1,0 +1,22 @@
+"""``import hora.mxnet as hvd``: Horovod's MXNet API over hora.
+
+Pure Python over the core (nothing compiled against MXNet): collectives on
+CPU ``mx.nd.NDArray``s, ``DistributedOptimizer`` for Module or hand-written
+update loops, ``DistributedTrainer`` for gluon, ``broadcast_parameters``.
+Tested with MXNet 1.9.1, which on Python 3.11 needs ``numpy<1.24``.
+"""
+
+from hora.common.basics import (
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
+    cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+    nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
+from hora.common.exceptions import (
+    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError)
+from hora.mxnet.compression import Compression
+from hora.mxnet.functions import allgather_object, broadcast_object
+from hora.mxnet.mpi_ops import (
+    allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
+    global_process_set, grouped_allreduce, grouped_allreduce_, join, reducescatter)
+from hora.mxnet.training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
+

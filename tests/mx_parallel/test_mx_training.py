@@ -1,0 +1,140 @@
+"""gluon training with DistributedTrainer and a hand-written loop with
+DistributedOptimizer end with identical weights on every rank, equal to
+single-process training on the concatenated batches."""
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import hora.mxnet as hvd
+
+BATCH = 4
+STEPS = 3
+
+
+def make_net(seed, in_units=5):
+    mx.random.seed(seed)
+    np.random.seed(seed)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(8, activation="tanh", in_units=in_units),
+            gluon.nn.Dense(3, in_units=8))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def rank_data(size):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(size, STEPS * BATCH, 5)).astype(np.float32)
+    y = rng.integers(0, 3, size=(size, STEPS * BATCH)).astype(np.float32)
+    return x, y
+
+
+def global_batch(x, y, step):
+    rows = slice(step * BATCH, (step + 1) * BATCH)
+    return np.concatenate(list(x[:, rows])), np.concatenate(list(y[:, rows]))
+
+
+def weights(net):
+    return [p.data().asnumpy() for _, p in sorted(net.collect_params().items())]
+
+
+def assert_same_on_every_rank(values):
+    for other in hvd.allgather_object(values):
+        for a, b in zip(other, values):
+            np.testing.assert_array_equal(a, b)
+
+
+def assert_matches(net, reference, rtol=2e-5):
+    for got, want in zip(weights(net), weights(reference)):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=2e-6)
+
+
+def train_reference(reference, x, y, size, loss_fn):
+    trainer = gluon.Trainer(reference.collect_params(), "sgd",
+                            {"learning_rate": 0.1, "momentum": 0.9}, kvstore=None)
+    for step in range(STEPS):
+        gx, gy = global_batch(x, y, step)
+        with autograd.record():
+            loss = loss_fn(reference(mx.nd.array(gx)), mx.nd.array(gy))
+        loss.backward()
+        trainer.step(BATCH * size)
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_distributed_trainer_matches_single_process(compression, rank, size):
+    x, y = rank_data(size)
+    net = make_net(seed=1 + rank)  # different starts: broadcast_parameters equalizes them
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
+                                     {"learning_rate": 0.1, "momentum": 0.9},
+                                     compression=getattr(hvd.Compression, compression))
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(STEPS):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[rank, rows])), mx.nd.array(y[rank, rows]))
+        loss.backward()
+        trainer.step(BATCH)
+    reference = make_net(seed=1)
+    train_reference(reference, x, y, size, loss_fn)
+    assert_same_on_every_rank(weights(net))
+    assert_matches(net, reference, rtol=2e-5 if compression == "none" else 2e-2)
+
+
+def test_distributed_optimizer_in_a_hand_written_loop(rank, size):
+    x, y = rank_data(size)
+    net = make_net(seed=5)
+    params = [p for _, p in sorted(net.collect_params().items())]
+    optimizer = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9,
+                                                          rescale_grad=1.0 / BATCH))
+    updater = mx.optimizer.get_updater(optimizer)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(STEPS):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[rank, rows])), mx.nd.array(y[rank, rows]))
+        loss.backward()
+        for i, p in enumerate(params):
+            updater(i, p.grad(), p.data())
+    reference = make_net(seed=5)
+    train_reference(reference, x, y, size, loss_fn)
+    assert_same_on_every_rank(weights(net))
+    assert_matches(net, reference)
+
+
+def test_broadcast_parameters_with_deferred_initialization(rank, size):
+    mx.random.seed(100 + rank)
+    net = gluon.nn.Dense(4)  # in_units unknown until the first forward pass
+    net.initialize(mx.init.Uniform())
+    hvd.broadcast_parameters(net.collect_params(), root_rank=size - 1, prefix="deferred.")
+    net(mx.nd.ones((2, 3)))  # initializes, then broadcasts
+    values = weights(net)
+    everyone = hvd.allgather_object(values)
+    for other in everyone:
+        for a, b in zip(other, everyone[size - 1]):
+            np.testing.assert_array_equal(a, b)
+    if size > 1:
+        assert not np.array_equal(everyone[0][1], make_uniform_weight(100))
+
+
+def make_uniform_weight(seed):
+    mx.random.seed(seed)
+    net = gluon.nn.Dense(4)
+    net.initialize(mx.init.Uniform())
+    net(mx.nd.ones((2, 3)))
+    return net.weight.data().asnumpy()
+
+
+def test_broadcast_parameters_of_a_dict_and_errors(rank, size):
+    arg_params = {"w": mx.nd.ones((2,)) * rank, "b": mx.nd.ones((1,)) * (10 + rank)}
+    hvd.broadcast_parameters(arg_params, root_rank=0)
+    assert arg_params["w"].asnumpy().tolist() == [0, 0]
+    assert arg_params["b"].asnumpy().tolist() == [10]
+    with pytest.raises(TypeError, match="ParameterDict or a dict"):
+        hvd.broadcast_parameters([1, 2])
+    with pytest.raises(TypeError, match="wraps an mx.optimizer.Optimizer"):
+        hvd.DistributedOptimizer("sgd")
+    with pytest.raises(ValueError, match="gradient_predivide_factor must be positive"):
+        hvd.DistributedTrainer(make_net(0).collect_params(), "sgd",
+                               gradient_predivide_factor=0)
