@@ -12,16 +12,30 @@ rank 0 prints progress and writes the checkpoint. Run again with the same
 """
 
 import argparse
+import math
 import os
-import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 import hora.tensorflow.keras as hvd  # noqa: E402
-from digits_data import load_digits_dataset  # noqa: E402
+
+
+def load_digits_dataset():
+    """(train_x, train_y, test_x, test_y): images (N, 8, 8, 1) in [0, 1]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SystemExit("this example needs scikit-learn: pip install scikit-learn") from None
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(42).permutation(len(labels))
+    images, labels = images[order], labels[order]
+    cut = int(0.8 * len(labels))
+    return images[:cut], labels[:cut], images[cut:], labels[cut:]
 
 
 def build_model():
@@ -60,8 +74,9 @@ def main():
     initial_epoch = 0
     if os.path.exists(args.checkpoint):
         model = hvd.load_model(args.checkpoint)   # the optimizer comes back wrapped
+        steps_per_epoch = math.ceil(len(train_y[shard]) / args.batch_size)
         initial_epoch = hvd.broadcast_object(
-            int(model.optimizer.iterations.numpy()) // -(-len(train_y[shard]) // args.batch_size))
+            int(model.optimizer.iterations.numpy()) // steps_per_epoch)
         if verbose:
             print(f"resuming from {args.checkpoint} at epoch {initial_epoch}")
     else:
@@ -83,6 +98,7 @@ def main():
     model.fit(train_x[shard], train_y[shard], batch_size=args.batch_size, epochs=args.epochs,
               initial_epoch=initial_epoch, callbacks=callbacks, verbose=verbose,
               validation_data=(test_x[shard], test_y[shard]))
+
     # every rank scores its share of the test set; the sums give the accuracy
     correct = (model.predict(test_x[shard], verbose=0).argmax(1) == test_y[shard]).sum()
     totals = hvd.allreduce([float(correct), float(len(test_y[shard]))], op=hvd.Sum,

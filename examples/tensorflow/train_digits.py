@@ -13,18 +13,42 @@ run again with the same --checkpoint prefix to resume.
 
 import argparse
 import os
-import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "keras"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hora.tensorflow as hvd  # noqa: E402
-from digits_data import load_digits_dataset  # noqa: E402
-from train_digits import build_model  # noqa: E402  (the Keras example's model)
+
+
+def load_digits_dataset():
+    """(train_x, train_y, test_x, test_y): images (N, 8, 8, 1) in [0, 1]."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SystemExit("this example needs scikit-learn: pip install scikit-learn") from None
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[..., None]
+    labels = digits.target.astype(np.int64)
+    order = np.random.default_rng(42).permutation(len(labels))
+    images, labels = images[order], labels[order]
+    cut = int(0.8 * len(labels))
+    return images[:cut], labels[:cut], images[cut:], labels[cut:]
+
+
+def build_model():
+    return keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
 
 
 def main():

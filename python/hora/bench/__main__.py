@@ -176,11 +176,8 @@ def plot(rows, path):
     figure.savefig(path, dpi=120)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "torch-synthetic":
-        from hora.bench import torch_synthetic  # needs torch, which the others do not
-        return torch_synthetic.main(argv[1:])
+def build_parser():
+    """The command line of ``python -m hora.bench``."""
     parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic"],
@@ -188,8 +185,10 @@ def main(argv=None):
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none)")
-    parser.add_argument("--min-bytes", type=int, default=8)
-    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--min-bytes", type=int, default=8,
+                        help="smallest message of a size sweep, in bytes (default 8)")
+    parser.add_argument("--max-bytes", type=int, default=256 << 20,
+                        help="largest message of a size sweep, in bytes (default 256 MiB)")
     parser.add_argument("--iterations", type=int, default=None,
                         help="latency: round trips (2000); fusion: repetitions (30)")
     parser.add_argument("--seconds", type=float, default=None,
@@ -199,7 +198,15 @@ def main(argv=None):
     parser.add_argument("--autotune-log", help="autotune: HORA_AUTOTUNE_LOG for the search")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="sweeps: draw busbw against size into this PNG")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "torch-synthetic":
+        from hora.bench import torch_synthetic  # needs torch, which the others do not
+        return torch_synthetic.main(argv[1:])
+    args = build_parser().parse_args(argv)
     args.compare = [c for c in args.compare.split(",") if c and c != "hora"]
     args.collective = args.benchmark
 

@@ -33,7 +33,8 @@ import hora.torch as hvd
 from hora.bench import small_resnet
 
 
-def parse(argv):
+def build_parser():
+    """The command line of ``python -m hora.bench torch-synthetic``."""
     parser = argparse.ArgumentParser(prog="python -m hora.bench torch-synthetic",
                                      description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -46,8 +47,10 @@ def parse(argv):
                              "resnet18)")
     parser.add_argument("--num-warmup-batches", type=int, default=10,
                         help="batches of each variant run before timing starts")
-    parser.add_argument("--num-batches-per-iter", type=int, default=10)
-    parser.add_argument("--num-iters", type=int, default=10)
+    parser.add_argument("--num-batches-per-iter", type=int, default=10,
+                        help="batches timed together as one measurement")
+    parser.add_argument("--num-iters", type=int, default=10,
+                        help="measurements to take")
     parser.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as float16 (hvd.Compression.fp16)")
     parser.add_argument("--groups", type=int, default=0,
@@ -62,6 +65,11 @@ def parse(argv):
                              "ranks on it, at most the cores the launcher bound the rank to, "
                              "at least 1)")
     parser.add_argument("--json", help="rank 0 writes the results to this file")
+    return parser
+
+
+def parse(argv):
+    parser = build_parser()
     args = parser.parse_args(argv)
     for option in ("batch_size", "num_batches_per_iter", "num_iters"):
         if getattr(args, option) < 1:

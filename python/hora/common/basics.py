@@ -148,6 +148,7 @@ def gloo_built():
 
 
 def gloo_enabled():
+    """False: hora runs over MPI, never Gloo (Horovod's name)."""
     return False
 
 
@@ -162,14 +163,17 @@ def cuda_built():
 
 
 def rocm_built():
+    """False: hora has no ROCm build (Horovod's name)."""
     return False
 
 
 def ddl_built():
+    """False: hora has no IBM DDL build (Horovod's name)."""
     return False
 
 
 def ccl_built():
+    """False: hora has no oneCCL build (Horovod's name)."""
     return False
 
 

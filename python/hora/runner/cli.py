@@ -92,7 +92,7 @@ def build_parser():
     tuning = parser.add_argument_group("engine settings (the same as the HORA_* variables)")
     tuning.add_argument("--fusion-threshold-mb", type=_non_negative(float), metavar="MB",
                         help="fuse small tensors into buffers of up to MB MiB "
-                             "(HORA_FUSION_THRESHOLD_BYTES; default 64)")
+                             "(HORA_FUSION_THRESHOLD_BYTES; default 128)")
     tuning.add_argument("--cycle-time-ms", type=_non_negative(float), metavar="MS",
                         help="least time between two negotiation cycles (HORA_CYCLE_TIME_MS; "
                              "default 0: a cycle starts as soon as there is work)")

@@ -71,7 +71,8 @@ def plot(events, out, gap_ms):
     return len(rows)
 
 
-def main(argv=None):
+def build_parser():
+    """The command line of ``python -m hora.timeline``."""
     parser = argparse.ArgumentParser(prog="python -m hora.timeline",
                                      description="Read a hora timeline file.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,7 +83,11 @@ def main(argv=None):
     s.add_argument("--top", type=int, default=20, help="tensors to list (default 20)")
     s.add_argument("--gap-ms", type=float, default=5.0,
                    help="an idle gap this long starts a new step in the plot (default 5)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
         events = load_events(args.file)
     except (OSError, ValueError) as exc:
