@@ -479,3 +479,27 @@ def test_each_rank_gets_its_share_of_threads_unless_the_user_chose():
     spec = LaunchSpec(num_proc=2, cores=8, env_names=["OMP_NUM_THREADS"])
     cli.default_threads(env, spec)
     assert env["OMP_NUM_THREADS"] == "6"
+
+
+def test_horarun_launches_again_after_a_transient_start_failure(monkeypatch, capsys):
+    from hora.runner import cli, supervise
+    calls = []
+
+    def fake_run(cmd, num_proc, *args, **kwargs):
+        calls.append(cmd)
+        if len(calls) == 1:
+            return supervise.Outcome(213, "horarun: job failed with exit code 213",
+                                     transient_start_failure=True)
+        return supervise.Outcome(0)
+    monkeypatch.setattr(cli, "find_mpirun", lambda **kwargs: "/usr/bin/mpirun")
+    monkeypatch.setattr(cli, "query_flavour", lambda mpirun: cli.OPEN_MPI)
+    monkeypatch.setattr(cli.supervise, "run", fake_run)
+    assert cli.main(["-np", "2", "true"]) == 0
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert "launching the job once more" in capsys.readouterr().err
+
+    calls.clear()
+    monkeypatch.setattr(cli.supervise, "run", lambda *a, **k: calls.append(a) or supervise.Outcome(
+        213, "horarun: job failed with exit code 213", transient_start_failure=True))
+    assert cli.main(["-np", "2", "true"]) == 213  # tried twice, then gives up
+    assert len(calls) == 2

@@ -118,3 +118,21 @@ def test_signal_stops_the_job():
     assert outcome.message == "horarun: job stopped by SIGTERM"
     assert seconds < 10
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_a_transient_launcher_failure_before_any_rank_started_is_flagged():
+    outcome, _, err, _, _ = run("""
+        sys.stderr.write("The PMIx server's listener thread failed to start. We cannot\\n")
+        sys.exit(213)
+    """)
+    assert outcome.code == 213 and outcome.transient_start_failure
+    assert b"listener thread failed" in err  # the user still sees mpirun's message
+
+
+def test_the_same_message_after_a_rank_started_is_not_retried():
+    outcome, _, _, _, _ = run("""
+        emit("started", 0)
+        sys.stderr.write("The PMIx server's listener thread failed to start. We cannot\\n")
+        sys.exit(213)
+    """)
+    assert outcome.code == 213 and not outcome.transient_start_failure

@@ -275,12 +275,17 @@ def main(argv=None):
         cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
         if args.verbose:
             _log(shlex.join(cmd))
-        try:
-            outcome = supervise.run(cmd, args.num_proc, args.start_timeout, sys.stdout.buffer,
-                                    sys.stderr.buffer, _log, env=env)
-        except OSError as exc:
-            _log(f"horarun: could not start {mpirun}: {exc}")
-            return 1
+        for attempt in (1, 2):
+            try:
+                outcome = supervise.run(cmd, args.num_proc, args.start_timeout,
+                                        sys.stdout.buffer, sys.stderr.buffer, _log, env=env)
+            except OSError as exc:
+                _log(f"horarun: could not start {mpirun}: {exc}")
+                return 1
+            if not (outcome.transient_start_failure and attempt == 1):
+                break
+            _log("horarun: mpirun could not start its PMIx server, before any rank started; "
+                 "launching the job once more")
     if outcome.message:
         _log(outcome.message)
     if output_dir is not None:

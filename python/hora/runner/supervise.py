@@ -26,6 +26,11 @@ STOP_GRACE_S = 10.0
 # After mpirun exits, output still in flight is drained for at most this
 # long (a stray process holding the pipe open must not block horarun).
 DRAIN_S = 5.0
+# Open MPI 5's launcher occasionally fails to bring up its PMIx server (for
+# instance when the list of network interfaces changes while it starts).
+# When it says so and no rank has started, nothing has run yet, and the
+# launch can simply be tried again.
+TRANSIENT_START_FAILURES = (b"PMIx server's listener thread failed to start",)
 
 
 @dataclasses.dataclass
@@ -34,6 +39,7 @@ class Outcome:
     message: str = ""               # the one-line summary printed on failure
     first_failure: markers.Marker = None
     started: frozenset = frozenset()
+    transient_start_failure: bool = False  # safe to launch again: see TRANSIENT_START_FAILURES
 
 
 def _relay(pipe, sink, events):
@@ -43,6 +49,8 @@ def _relay(pipe, sink, events):
         if marker is not None:
             events.put(("marker", marker))
             continue
+        if any(text in line for text in TRANSIENT_START_FAILURES):
+            events.put(("transient", None))
         try:
             sink.write(line)
             sink.flush()
@@ -106,11 +114,14 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     job = _Job(proc)
     started, first_failure, stop_signal, start_expired = set(), None, None, False
+    transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
     def handle(kind, value, now):
-        nonlocal first_failure, stop_signal
-        if kind == "marker":
+        nonlocal first_failure, stop_signal, transient
+        if kind == "transient":
+            transient = True
+        elif kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
             elif value.failed and stop_signal is None and not start_expired:
@@ -158,7 +169,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
                 kind, value = events.get_nowait()
             except queue.Empty:
                 break
-            if kind == "marker":
+            if kind in ("marker", "transient"):
                 handle(kind, value, time.monotonic())
     finally:
         for signum, handler in previous.items():
@@ -166,7 +177,11 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if proc.poll() is None:
             proc.kill()
 
-    return _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout)
+    outcome = _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
+                       start_timeout)
+    outcome.transient_start_failure = (transient and code != 0 and not started
+                                       and stop_signal is None)
+    return outcome
 
 
 def _rank_list(ranks):
