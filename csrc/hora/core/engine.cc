@@ -160,6 +160,15 @@ bool Engine::HasLocalWork() const {
          shutdown_requested_.load() != shutdown_announced_;
 }
 
+// A safety net for liveness: an engine whose rank has collectives in flight
+// never sleeps longer than this without a cycle. Every wake-up is accounted
+// for (a rank with new work asks rank 0, which starts the cycle everywhere),
+// so in a healthy job the net never fires while work is moving; once, in an
+// oversubscribed two-host CI job, a collective waited for a cycle that
+// nobody asked for until the next collective came. Waiting for a slow rank
+// costs one small cycle per nap.
+constexpr int kNudgeMs = 250;
+
 void Engine::Loop() {
   // Naps while waiting for peers are a few microseconds; the default 50 us
   // timer slack would stretch each of them.
@@ -177,7 +186,16 @@ void Engine::Loop() {
       // are pending, even when no rank has anything new to say.
       const int stall_ms = controller_.MsUntilStallCheck();
       if (!HasLocalWork() && pending_wants_ == 0 && stall_ms != 0) {
-        status = wakeup_->Wait(stall_ms, &events);
+        // While this rank's own collectives are in flight, a quiet spell
+        // ends in a cycle anyway (see kNudgeMs).
+        const bool in_flight = queue_.HasInFlight();
+        const bool nudge = in_flight && (stall_ms < 0 || stall_ms > kNudgeMs);
+        status = wakeup_->Wait(nudge ? kNudgeMs : stall_ms, &events);
+        if (status.ok() && nudge && events.timed_out) {
+          HORA_LOG(kDebug) << "collectives in flight and no cycle for " << kNudgeMs
+                           << " ms; starting one";
+          ++pending_wants_;
+        }
       } else {
         const auto cycle_time = std::chrono::duration<double, std::milli>(cycle_time_ms_);
         const auto since = std::chrono::steady_clock::now() - last_start;
@@ -199,8 +217,15 @@ void Engine::Loop() {
           status = wakeup_->RequestCycle();
           want_sent = true;
         }
-        if (status.ok()) status = wakeup_->Wait(-1, &events);
+        const bool in_flight = queue_.HasInFlight();
+        if (status.ok()) status = wakeup_->Wait(in_flight ? kNudgeMs : -1, &events);
         pending_starts_ += events.starts;
+        if (status.ok() && in_flight && events.timed_out) {
+          HORA_LOG(kDebug) << "collectives in flight and no cycle for " << kNudgeMs
+                           << " ms; asking rank 0 for one";
+          status = wakeup_->RequestCycle();
+          want_sent = true;
+        }
       } else {
         --pending_starts_;
         want_sent = false;

@@ -23,6 +23,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
       entries_.emplace(std::move(name), std::move(e));
     }
     has_new_.store(!new_requests_.empty(), std::memory_order_release);
+    in_flight_.store(entries_.size(), std::memory_order_release);
   }
   on_new_work_();
   return Status::OK();
@@ -41,6 +42,7 @@ bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
   if (it == entries_.end()) return false;
   *out = std::move(it->second);
   entries_.erase(it);
+  in_flight_.store(entries_.size(), std::memory_order_release);
   return true;
 }
 
@@ -51,6 +53,7 @@ void TensorQueue::FailAll(const Status& status) {
     failed.swap(entries_);
     new_requests_.clear();
     has_new_.store(false, std::memory_order_release);
+    in_flight_.store(0, std::memory_order_release);
   }
   for (auto& item : failed) item.second.work->Complete(status);
 }

@@ -36,6 +36,8 @@ class TensorQueue {
   // Lock-free: the engine asks on every pass of its loop, and taking the
   // mutex there would fight the caller threads adding work.
   bool HasNewRequests() const { return has_new_.load(std::memory_order_acquire); }
+  // Collectives submitted on this rank and not completed yet.
+  bool HasInFlight() const { return in_flight_.load(std::memory_order_acquire) > 0; }
   // Removes and returns the entry; false if this rank never submitted it
   // (a rank that has joined runs allreduces it did not submit).
   bool TakeEntry(const std::string& name, TensorEntry* out);
@@ -49,6 +51,7 @@ class TensorQueue {
   std::unordered_map<std::string, TensorEntry> entries_;
   std::vector<Request> new_requests_;
   std::atomic<bool> has_new_{false};  // !new_requests_.empty(), written under mutex_
+  std::atomic<size_t> in_flight_{0};  // entries_.size(), written under mutex_
   std::function<void()> on_new_work_;
   bool closed_ = false;
   Status closed_status_;

@@ -232,6 +232,7 @@ Status WakeupChannel::Wait(int timeout_ms, Events* events) {
     ready = poll(fds.data(), fds.size(), timeout_ms);
   } while (ready < 0 && errno == EINTR);
   if (ready < 0) return Errno("poll");
+  events->timed_out = ready == 0;
   if (fds[0].revents & POLLIN) {
     uint64_t count;
     ssize_t ignored = read(event_fd_, &count, sizeof(count));

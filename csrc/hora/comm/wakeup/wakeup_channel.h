@@ -33,6 +33,7 @@ class WakeupChannel {
     // Other ranks: rank 0 told us it lost `lost_rank` (rather than rank 0's
     // own connection having closed).
     bool lost_reported = false;
+    bool timed_out = false;  // nothing at all arrived within the timeout
   };
   // Sleeps until local work, a message, or `timeout_ms` (-1: no limit).
   Status Wait(int timeout_ms, Events* events);
