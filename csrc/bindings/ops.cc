@@ -121,11 +121,12 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     r.site = site;
     auto w = std::make_unique<PyWork>();
     const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
-    w->input.reset(new TensorArg(inputs[i], in_place, dtypes.empty() ? -1 : dtypes[i], "tensor '" + r.name + "'"));
+    w->input.reset(new TensorArg(inputs[i], in_place, dtypes.empty() ? -1 : dtypes[i],
+                                 ArgName{"tensor '", r.name, "'"}));
     const TensorView& in = w->input->view();
     if (!outputs.is_none() && !in_place) {
       w->output.reset(new TensorArg(outputs.cast<py::list>()[i], true, dtypes.empty() ? -1 : dtypes[i],
-                                    "output of '" + r.name + "'"));
+                                    ArgName{"output of '", r.name, "'"}));
     }
     r.dtype = in.dtype;
     r.shape = in.shape;
@@ -144,7 +145,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     }
     Validate(r, in, w->output ? &w->output->view() : nullptr, size);
     TensorEntry entry;
-    entry.request = r;
+    entry.request = std::move(r);
     entry.input = in;
     entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
     entry.work = std::make_shared<Work>();

@@ -69,13 +69,13 @@ const char* kSupported =
 }  // namespace
 
 TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
-                     const std::string& what) {
+                     const ArgName& what) {
   try {
     if (!FromBuffer(object, writable, what)) FromDlpack(object, what);
     if (dtype_override >= 0) {
       const DataType requested = static_cast<DataType>(dtype_override);
       if (DataTypeSize(requested) != DataTypeSize(view_.dtype)) {
-        ThrowTypeError(what + ": cannot reinterpret " + DataTypeName(view_.dtype) + " as " +
+        ThrowTypeError(what.str() + ": cannot reinterpret " + DataTypeName(view_.dtype) + " as " +
                        DataTypeName(requested));
       }
       view_.dtype = requested;
@@ -95,7 +95,7 @@ void TensorArg::Release() {
   managed_ = nullptr;
 }
 
-bool TensorArg::FromBuffer(py::handle object, bool writable, const std::string& what) {
+bool TensorArg::FromBuffer(py::handle object, bool writable, const ArgName& what) {
   if (!PyObject_CheckBuffer(object.ptr())) return false;
   buffer_.reset(new Py_buffer());
   if (PyObject_GetBuffer(object.ptr(), buffer_.get(), PyBUF_RECORDS_RO) != 0) {
@@ -105,23 +105,23 @@ bool TensorArg::FromBuffer(py::handle object, bool writable, const std::string& 
   }
   const Py_buffer& b = *buffer_;
   if (writable && b.readonly) {
-    ThrowValueError(what + " is read-only, but this collective writes its result into it");
+    ThrowValueError(what.str() + " is read-only, but this collective writes its result into it");
   }
   if (!DtypeFromFormat(b.format == nullptr ? "B" : b.format, b.itemsize, &view_.dtype)) {
-    ThrowTypeError(what + " has unsupported element format '" +
+    ThrowTypeError(what.str() + " has unsupported element format '" +
                    std::string(b.format == nullptr ? "B" : b.format) + "'; " + kSupported);
   }
   if (!PyBuffer_IsContiguous(&b, 'C')) {
-    ThrowValueError(what + " is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)");
+    ThrowValueError(what.str() + " is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)");
   }
   view_.data = b.buf;
   view_.shape.assign(b.shape, b.shape + b.ndim);
   return true;
 }
 
-void TensorArg::FromDlpack(py::handle object, const std::string& what) {
+void TensorArg::FromDlpack(py::handle object, const ArgName& what) {
   if (!py::hasattr(object, "__dlpack__")) {
-    ThrowTypeError(what + ": expected an array (buffer protocol or __dlpack__), got " +
+    ThrowTypeError(what.str() + ": expected an array (buffer protocol or __dlpack__), got " +
                    std::string(py::str(py::type::of(object).attr("__name__"))));
   }
   py::object capsule = object.attr("__dlpack__")();
@@ -132,11 +132,11 @@ void TensorArg::FromDlpack(py::handle object, const std::string& what) {
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   const dlpack::Tensor& t = managed_->dl_tensor;
   if (t.device.device_type != dlpack::kCPU && t.device.device_type != dlpack::kCUDAHost) {
-    ThrowValueError(what + " lives on a GPU (DLPack device " + std::to_string(t.device.device_type) +
+    ThrowValueError(what.str() + " lives on a GPU (DLPack device " + std::to_string(t.device.device_type) +
                     "); this build of hora handles host memory only");
   }
   if (!DtypeFromDlpack(t.dtype, &view_.dtype)) {
-    ThrowTypeError(what + " has an unsupported element type (DLPack code " +
+    ThrowTypeError(what.str() + " has an unsupported element type (DLPack code " +
                    std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) + " bits); " +
                    kSupported);
   }
@@ -146,7 +146,7 @@ void TensorArg::FromDlpack(py::handle object, const std::string& what) {
     int64_t expected = 1;
     for (int d = t.ndim - 1; d >= 0; --d) {
       if (t.shape[d] != 1 && t.strides[d] != expected) {
-        ThrowValueError(what + " is not contiguous; call .contiguous() first");
+        ThrowValueError(what.str() + " is not contiguous; call .contiguous() first");
       }
       expected *= t.shape[d];
     }

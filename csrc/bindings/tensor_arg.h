@@ -13,12 +13,21 @@
 
 namespace hora {
 
+// Names an argument in error messages ("tensor 'w1'"); the text is built only
+// when an error needs it, not on every submission.
+struct ArgName {
+  const char* before;
+  const std::string& name;
+  const char* after;
+  std::string str() const { return before + name + after; }
+};
+
 class TensorArg {
  public:
-  // `what` names the argument in error messages ("tensor 'w1'").
+  // `what` names the argument in error messages.
   // `dtype_override` >= 0 reinterprets the elements (bfloat16 arrives as a
   // uint16 view from NumPy, which has no bfloat16 of its own).
-  TensorArg(pybind11::handle object, bool writable, int dtype_override, const std::string& what);
+  TensorArg(pybind11::handle object, bool writable, int dtype_override, const ArgName& what);
   ~TensorArg();
   TensorArg(const TensorArg&) = delete;
   TensorArg& operator=(const TensorArg&) = delete;
@@ -26,8 +35,8 @@ class TensorArg {
   const TensorView& view() const { return view_; }
 
  private:
-  bool FromBuffer(pybind11::handle object, bool writable, const std::string& what);
-  void FromDlpack(pybind11::handle object, const std::string& what);
+  bool FromBuffer(pybind11::handle object, bool writable, const ArgName& what);
+  void FromDlpack(pybind11::handle object, const ArgName& what);
   void Release();
 
   TensorView view_;

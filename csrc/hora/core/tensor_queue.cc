@@ -8,10 +8,10 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
-    std::unordered_set<std::string> seen;
+    std::unordered_set<std::string> seen;  // only for several entries at once
     for (const TensorEntry& e : entries) {
       const std::string& name = e.request.name;
-      if (entries_.count(name) != 0 || !seen.insert(name).second) {
+      if (entries_.count(name) != 0 || (entries.size() > 1 && !seen.insert(name).second)) {
         return Status::InvalidArgument(
             "a collective named '" + name +
             "' is already in flight on this rank; wait for it to finish or use another name");

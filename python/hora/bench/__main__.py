@@ -88,7 +88,8 @@ def run_sweep(args, comm):
                 wrong = count_wrong(args.collective, impl, nbytes, comm)
             except NotImplementedError:
                 continue
-            buffer = np.zeros(count, np.float32)
+            # non-zero data, as real gradients are (see run_fusion)
+            buffer = np.full(count, 1e-30, np.float32)
             call = getattr(impl, args.collective)
             seconds = timed(lambda: call(buffer), iterations_for(nbytes), comm)
             algbw = count * 4 / seconds / 1e9
@@ -125,9 +126,14 @@ def run_latency(args, comm):
 def run_fusion(args, comm):
     impls = implementations.load(["hora"] + args.compare, log)
     shapes = resnet50.gradient_shapes()
-    buffers = [np.zeros(int(np.prod(s)), np.float32) for s in shapes]
+    # Gradients are not zero: all-zero buffers let the kernel keep (or put
+    # back) its shared zero page under them, and every write then faults in
+    # and clears fresh pages, which measures the kernel rather than the
+    # allreduce. The values start tiny so that summing in place over many
+    # repetitions stays finite.
+    buffers = [np.full(int(np.prod(s)), 1e-30, np.float32) for s in shapes]
     total = sum(b.size for b in buffers)
-    concatenated = np.zeros(total, np.float32)
+    concatenated = np.full(total, 1e-30, np.float32)
     log(f"# ResNet-50 gradients: {len(shapes)} tensors, {total * 4 / 2**20:.1f} MiB, "
         f"{comm.Get_size()} ranks")
     rows = []

@@ -44,11 +44,16 @@ def _check_name(name, kind):
     return name
 
 
+# ReduceOp members hash and compare like their values, so one lookup takes
+# both (an enum construction costs as much as the rest of a submission).
+_OP_VALUES = {int(o): int(o) for o in ReduceOp}
+
+
 def _check_op(op):
-    try:
-        return int(ReduceOp(op))
-    except ValueError:
-        raise ValueError(f"unknown reduce op {op!r}; use hora.Sum, Average, Min, Max or Product") from None
+    value = _OP_VALUES.get(op) if isinstance(op, int) else None
+    if value is None:
+        raise ValueError(f"unknown reduce op {op!r}; use hora.Sum, Average, Min, Max or Product")
+    return value
 
 
 def _as_array(tensor, what):
@@ -68,10 +73,10 @@ def _wire(array):
     return array, -1
 
 
-def _check_writable_array(tensor, what):
+def _check_writable_array(tensor, kind, name):
     if not isinstance(tensor, np.ndarray) and not hasattr(tensor, "__dlpack__"):
-        raise TypeError(f"{what} writes its result into its input, which must be a writable "
-                        f"array, got {type(tensor).__name__}")
+        raise TypeError(f"{kind} '{name}' writes its result into its input, which must be a "
+                        f"writable array, got {type(tensor).__name__}")
 
 
 class Handle:
@@ -116,6 +121,12 @@ def synchronize(handle):
 
 def _submit(kind, names, inputs, outputs=None, op=1, root=0, prescale=1.0, postscale=1.0,
             splits=None, grouped=False):
+    if len(inputs) == 1 and (outputs is None or outputs[0] is inputs[0]):
+        # One tensor (in place or not): the common case, without the loops.
+        wire, dtype = _wire(inputs[0])
+        return _C.submit(kind, names, [wire], None if outputs is None else [wire], op, root,
+                         float(prescale), float(postscale), splits, [dtype], grouped,
+                         call_site.describe())
     wire_inputs, dtypes = [], []
     for array in inputs:
         wire, dtype = _wire(array)
@@ -167,7 +178,7 @@ def allreduce_async_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``, which
     must be a writable contiguous array."""
     name = _check_name(name, "allreduce")
-    _check_writable_array(tensor, f"allreduce_ '{name}'")
+    _check_writable_array(tensor, "allreduce_", name)
     works = _submit(_KIND_ALLREDUCE, [name], [tensor], [tensor], _check_op(op), 0,
                     prescale_factor, postscale_factor)
     return Handle(works, _returns(tensor))
@@ -208,7 +219,7 @@ def grouped_allreduce_async_(tensors, name=None, op=ReduceOp.Average, prescale_f
     tensors = list(tensors)
     names = _group_names(name, len(tensors), "grouped_allreduce")
     for tensor, tensor_name in zip(tensors, names):
-        _check_writable_array(tensor, f"grouped_allreduce_ '{tensor_name}'")
+        _check_writable_array(tensor, "grouped_allreduce_", tensor_name)
     works = _submit(_KIND_ALLREDUCE, names, tensors, tensors, _check_op(op), 0, prescale_factor,
                     postscale_factor, grouped=True)
     return Handle(works, _returns(tensors))
@@ -253,7 +264,7 @@ def broadcast(tensor, root_rank, name=None):
 def broadcast_async_(tensor, root_rank, name=None):
     """In-place :func:`broadcast_async`."""
     name = _check_name(name, "broadcast")
-    _check_writable_array(tensor, f"broadcast_ '{name}'")
+    _check_writable_array(tensor, "broadcast_", name)
     works = _submit(_KIND_BROADCAST, [name], [tensor], [tensor], root=int(root_rank))
     return Handle(works, _returns(tensor))
 
