@@ -87,7 +87,7 @@ Status ShmAllreduce::Run(const PieceMap& map, DataType dtype, ReduceOp op, doubl
       char* dst = my_slot + sub_begin(owner) * element;
       map.ForEach(start + sub_begin(owner), sub_count(owner),
                   [&](const char* in, char*, int64_t len, int64_t at) {
-                    std::memcpy(dst + at * element, in, len * element);
+                    k.stream_copy(dst + at * element, in, len * element);
                   });
     }
     mine->arrived.store(seq, std::memory_order_release);
@@ -123,7 +123,7 @@ Status ShmAllreduce::Run(const PieceMap& map, DataType dtype, ReduceOp op, doubl
             if (peer != rank_) k.reduce_into(o, Slot(peer, slot) + offset, m, dtype, op);
           }
           if (scale) k.scale_copy(o, o, m, dtype, factor);
-          std::memcpy(my_slot + offset, o, m * element);
+          k.stream_copy(my_slot + offset, o, m * element);
         }
       });
     }
