@@ -138,3 +138,35 @@ def test_broadcast_parameters_of_a_dict_and_errors(rank, size):
     with pytest.raises(ValueError, match="gradient_predivide_factor must be positive"):
         hvd.DistributedTrainer(make_net(0).collect_params(), "sgd",
                                gradient_predivide_factor=0)
+
+
+def train_with(trainer_factory, rank, size):
+    x, y = rank_data(size)
+    net = make_net(seed=9)
+    trainer = trainer_factory(net.collect_params())
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(STEPS):
+        rows = slice(step * BATCH, (step + 1) * BATCH)
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[rank, rows])), mx.nd.array(y[rank, rows]))
+        loss.backward()
+        trainer.step(BATCH)
+    reference = make_net(seed=9)
+    train_reference(reference, x, y, size, loss_fn)
+    assert_same_on_every_rank(weights(net))
+    assert_matches(net, reference)
+
+
+def test_plain_trainer_with_distributed_optimizer(rank, size):
+    # the Horovod pattern gluon.Trainer(params, hvd.DistributedOptimizer(opt)):
+    # the trainer's rescale_grad must reach the wrapped optimizer
+    train_with(lambda params: gluon.Trainer(
+        params, hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)),
+        kvstore=None), rank, size)
+
+
+def test_distributed_trainer_given_a_distributed_optimizer(rank, size):
+    with pytest.warns(UserWarning, match="wrapper is removed"):
+        train_with(lambda params: hvd.DistributedTrainer(
+            params, hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))),
+            rank, size)

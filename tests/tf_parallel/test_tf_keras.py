@@ -223,3 +223,46 @@ def test_distributed_optimizer_argument_errors():
                                  backward_passes_per_step=2)
     with pytest.raises(TypeError, match="wraps a tf.GradientTape"):
         hvd.DistributedGradientTape(object())
+
+
+def test_mixed_precision_reduces_before_the_loss_scaler(rank, size):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        model = make_model(seed=60)
+        model.compile(optimizer=opt, loss=loss_fn(), jit_compile=False)
+        assert model.optimizer is opt  # compile did not wrap it again
+        x, y = rank_data(size)
+        model.fit(x[rank], y[rank], batch_size=BATCH, verbose=0,
+                  callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+        assert_same_on_every_rank(model.get_weights())
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_broadcast_callback_leaves_each_ranks_dropout_seed(rank, size):
+    keras.utils.set_random_seed(70 + rank)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4),
+                              keras.layers.Dropout(0.5), keras.layers.Dense(3)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss=loss_fn(),
+                  jit_compile=False)
+    x, y = rank_data(size, batches=1)
+    model.fit(x[rank], y[rank], batch_size=BATCH, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_on_every_rank(model.get_weights())
+    seeds = hvd.allgather_object([v.numpy().tolist() for v in model.variables
+                                  if "seed_generator" in v.path])
+    if size > 1:
+        assert seeds[0] != seeds[1]  # dropout masks still differ between ranks
+
+
+def test_metric_average_with_different_keys_raises_on_every_rank(rank, size):
+    if size == 1:
+        pytest.skip("needs two ranks to disagree")
+    callback = hk.callbacks.MetricAverageCallback()
+    with pytest.raises(ValueError, match=r"different metrics at epoch 3.*only_on_rank_"):
+        callback.on_epoch_end(3, {"loss": 1.0, f"only_on_rank_{rank}": 2.0})
+    logs = {"loss": float(rank)}
+    callback.on_epoch_end(4, logs)  # still usable
+    assert logs["loss"] == pytest.approx((size - 1) / 2)

@@ -56,13 +56,19 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
                             f"{type(optimizer).__name__}")
-        self._optimizer = optimizer
-        self._predivide = _check_factor(gradient_predivide_factor, "DistributedOptimizer")
-        self._num_groups = int(num_groups)
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_predivide",
+                           _check_factor(gradient_predivide_factor, "DistributedOptimizer"))
+        object.__setattr__(self, "_num_groups", int(num_groups))
         self._optimizer.rescale_grad *= self._predivide / size()
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
+
+    def __setattr__(self, name, value):
+        # gluon.Trainer and Module set rescale_grad, param_dict, ... on the
+        # optimizer they were given; they belong to the wrapped one.
+        setattr(self._optimizer, name, value)
 
     def create_state(self, index, weight):
         return self._optimizer.create_state(index, weight)
@@ -115,7 +121,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("DistributedTrainer reduces the gradients itself; the "
                           "DistributedOptimizer wrapper is removed", stacklevel=2)
-            optimizer = optimizer._optimizer  # Trainer.step sets rescale_grad itself
+            wrapper, optimizer = optimizer, optimizer._optimizer
+            # undo the wrapper's division, which the trainer's scale would repeat
+            optimizer.rescale_grad *= size() / wrapper._predivide
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._hora_compression = compression
         self._hora_predivide = _check_factor(gradient_predivide_factor, "DistributedTrainer")
@@ -132,10 +140,12 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
-            grad = param.list_grad()[0]
+            grad = _check(param.list_grad()[0], f"DistributedTrainer gradient of {param.name}")
             wire, ctx = self._hora_compression.compress(grad)
             grads.append(wire)
-            names.append(f"{self._hora_prefix}trainer.grad.{i}.{param.name}")
+            # by position, not param.name: MXNet's automatic block names
+            # depend on how many blocks each process has made before
+            names.append(f"{self._hora_prefix}trainer.grad.{i}")
             if wire is not grad:
                 restore.append((grad, wire, ctx))
         _sum_in_place(grads, names, 1.0 / self._hora_predivide, self._hora_num_groups)

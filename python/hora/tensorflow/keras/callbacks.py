@@ -29,7 +29,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if self.broadcast_done:
             return
         model = self.model
-        variables = list(model.variables)
+        # model.weights, not model.variables: Keras 3 counts the random
+        # seed generators' state among the variables, and broadcasting it
+        # would give every rank the same dropout masks
+        variables = list(model.weights)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:
             if not optimizer.built:
@@ -43,7 +46,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
     """At the end of each epoch, replaces every numeric value in ``logs``
     (loss, metrics, validation metrics) by its average over all ranks, so
     that what is printed, checkpointed or acted on is the global value.
-    Ranks whose logs hold different keys raise ``HoraMismatchError``."""
+    Ranks whose logs hold different keys raise ``ValueError`` naming them,
+    on every rank."""
 
     def __init__(self, device=""):
         super().__init__()
@@ -52,8 +56,13 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not logs or size() == 1:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
+        everyone = _ops.allgather_object(keys, name="hora.keras.MetricAverageCallback.keys")
+        if any(other != keys for other in everyone):
+            differing = sorted(set().union(*everyone) - set.intersection(*map(set, everyone)))
+            raise ValueError(f"MetricAverageCallback: the ranks logged different metrics at "
+                             f"epoch {epoch}; not on every rank: {differing}")
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = _ops.allreduce(values, name="hora.keras.MetricAverageCallback." + ",".join(keys))
+        averaged = _ops.allreduce(values, name="hora.keras.MetricAverageCallback")
         for key, value in zip(keys, averaged):
             logs[key] = float(value)
 

@@ -8,7 +8,8 @@ averaged over all ranks right before clipping and the update, so
 ``backward_passes_per_step=N`` (Keras's own ``gradient_accumulation_steps``)
 the allreduce runs only on the steps that update. A ``LossScaleOptimizer``
 is reduced before its finiteness check, so every rank takes the same
-decision. The subclass keeps the wrapped class's name and module, so a
+decision; under the ``mixed_float16`` policy a plain optimizer is wrapped in
+one here, before ``compile`` would wrap it the other way round. The subclass keeps the wrapped class's name and module, so a
 model saved with it loads in plain Keras as the original optimizer, and
 :func:`hora.tensorflow.keras.load_model` wraps it again.
 """
@@ -33,7 +34,9 @@ class _DistributedOptimizer:
                                              **self._hora_settings)
 
     def _clip_gradients(self, grads):
-        return super()._clip_gradients(self._hora_reducer(grads))
+        if self._hora_reducer is not None:
+            grads = self._hora_reducer(grads)
+        return super()._clip_gradients(grads)
 
 
 class _DistributedLossScaleOptimizer:
@@ -46,6 +49,10 @@ class _DistributedLossScaleOptimizer:
         super().__init__(*args, **kwargs)
         self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
                                              **self._hora_settings)
+        # load_model's custom objects also turn the inner optimizer into a
+        # hora one; reducing twice would only cost time
+        if isinstance(self.inner_optimizer, _DistributedOptimizer):
+            self.inner_optimizer._hora_reducer = None
 
     def apply(self, grads, trainable_variables=None):
         return super().apply(self._hora_reducer(list(grads)), trainable_variables)
@@ -101,6 +108,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise ValueError("DistributedOptimizer: groups must be an int number of groups for Keras "
                          "optimizers (lists of variables are supported by "
                          "DistributedGradientTape)")
+    if (not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and keras.mixed_precision.global_policy().name == "mixed_float16"):
+        # compile() would wrap the optimizer in a LossScaleOptimizer, whose
+        # finiteness check on each rank's own gradients would then decide
+        # whether that rank joins the allreduce. Wrap it here instead and
+        # reduce before the check, so every rank decides alike.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
