@@ -163,6 +163,40 @@ py::list Submit(int kind, const std::vector<std::string>& names,
   return result;
 }
 
+// One tensor, in place or into an owned result: the common case of the
+// framework adapters, without the list conversions of Submit.
+py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool in_place, int op,
+                     double prescale, double postscale, int dtype, const std::string& site) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  Request r;
+  r.name = name;
+  r.kind = static_cast<CollectiveKind>(kind);
+  r.op = static_cast<ReduceOp>(op);
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.site = site;
+  auto w = std::make_unique<PyWork>();
+  w->input.reset(new TensorArg(tensor, in_place, dtype, ArgName{"tensor '", r.name, "'"}));
+  const TensorView& in = w->input->view();
+  r.dtype = in.dtype;
+  r.shape = in.shape;
+  if (r.kind == CollectiveKind::kAlltoall || r.kind == CollectiveKind::kBroadcast) {
+    ThrowValueError("internal: submit_one takes allreduce, allgather and reducescatter only");
+  }
+  Validate(r, in, nullptr, engine->topology().size);
+  std::vector<TensorEntry> entries(1);
+  TensorEntry& entry = entries[0];
+  entry.request = std::move(r);
+  entry.input = in;
+  entry.output = in_place ? in.data : nullptr;
+  entry.work = std::make_shared<Work>();
+  w->work = entry.work;
+  Status status = engine->Enqueue(std::move(entries));
+  if (!status.ok()) ThrowStatus(status);
+  w->enqueued = true;
+  return py::cast(std::move(w));
+}
+
 }  // namespace
 
 void RegisterOps(py::module_& m) {
@@ -201,6 +235,9 @@ void RegisterOps(py::module_& m) {
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
         py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false,
         py::arg("site") = std::string());
+  m.def("submit_one", &SubmitOne, py::arg("kind"), py::arg("name"), py::arg("tensor"),
+        py::arg("in_place"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+        py::arg("dtype"), py::arg("site"));
   // Whether submissions should say where they come from (debug log level).
   m.def("records_call_sites",
         [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });

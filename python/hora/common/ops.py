@@ -179,9 +179,10 @@ def allreduce_async_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0
     must be a writable contiguous array."""
     name = _check_name(name, "allreduce")
     _check_writable_array(tensor, "allreduce_", name)
-    works = _submit(_KIND_ALLREDUCE, [name], [tensor], [tensor], _check_op(op), 0,
-                    prescale_factor, postscale_factor)
-    return Handle(works, _returns(tensor))
+    wire, dtype = _wire(tensor)
+    work = _C.submit_one(_KIND_ALLREDUCE, name, wire, True, _check_op(op), float(prescale_factor),
+                         float(postscale_factor), dtype, call_site.describe())
+    return Handle([work], _returns(tensor))
 
 
 def allreduce_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0, postscale_factor=1.0):
