@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from launch import run_horarun
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 TIMEOUT_SECONDS = 600
@@ -82,16 +84,10 @@ def test_getting_started_blocks_train_on_two_ranks(page, job_env, tmp_path):
         script.write_text(source)
         promised = re.search(r"reaches about (\d+)% test accuracy", page.read_text())
         assert promised, f"{page.name} does not say what accuracy the example reaches"
-        env = dict(job_env, PATH=os.path.dirname(python) + os.pathsep + job_env.get("PATH", ""))
-        command = [python, "-m", "hora.runner", "-np", "2", python, str(script), "--epochs", "8",
-                   "--checkpoint", str(tmp_path / ("ckpt.keras" if "keras" in title else "ckpt"))]
-        try:
-            job = subprocess.run(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, timeout=TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired as error:
-            pytest.fail(f"{title} hung:\n{(error.stdout or b'').decode(errors='replace')[-8000:]}")
-        output = job.stdout.decode(errors="replace")
-        assert job.returncode == 0, f"{title} failed:\n{output[-8000:]}"
+        output = run_horarun(
+            2, [str(script), "--epochs", "8", "--checkpoint",
+                str(tmp_path / ("ckpt.keras" if "keras" in title else "ckpt"))],
+            job_env, tmp_path, python=python)
         accuracy = float(re.findall(r"test accuracy:? ([0-9.]+)", output)[-1])
         print(f"{title} from {page.name}, 2 ranks, 8 epochs: test accuracy {accuracy}")
         # 8 epochs instead of the default 12: allow a few points below the promise

@@ -94,6 +94,31 @@ void Validate(const Request& r, const TensorView& in, const TensorView* out, int
   }
 }
 
+// Views the caller's arrays for `w` and fills in the request's dtype and
+// shape. `output` is None for an in-place collective or an owned result.
+void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, bool in_place,
+                   int dtype) {
+  w->input.reset(new TensorArg(input, in_place, dtype, ArgName{"tensor '", r->name, "'"}));
+  if (!output.is_none()) {
+    w->output.reset(new TensorArg(output, true, dtype, ArgName{"output of '", r->name, "'"}));
+  }
+  r->dtype = w->input->view().dtype;
+  r->shape = w->input->view().shape;
+}
+
+// Checks the request and makes the engine's entry for it, linked to `w`.
+TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size) {
+  const TensorView& in = w->input->view();
+  Validate(r, in, w->output ? &w->output->view() : nullptr, size);
+  TensorEntry entry;
+  entry.request = std::move(r);
+  entry.input = in;
+  entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
+  entry.work = std::make_shared<Work>();
+  w->work = entry.work;
+  return entry;
+}
+
 py::list Submit(int kind, const std::vector<std::string>& names,
                                             py::list inputs, py::object outputs, int op, int root,
                                             double prescale, double postscale, py::object splits,
@@ -121,15 +146,10 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     r.site = site;
     auto w = std::make_unique<PyWork>();
     const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
-    w->input.reset(new TensorArg(inputs[i], in_place, dtypes.empty() ? -1 : dtypes[i],
-                                 ArgName{"tensor '", r.name, "'"}));
+    AttachTensors(w.get(), &r, inputs[i],
+                  outputs.is_none() || in_place ? py::none() : py::object(outputs.cast<py::list>()[i]),
+                  in_place, dtypes.empty() ? -1 : dtypes[i]);
     const TensorView& in = w->input->view();
-    if (!outputs.is_none() && !in_place) {
-      w->output.reset(new TensorArg(outputs.cast<py::list>()[i], true, dtypes.empty() ? -1 : dtypes[i],
-                                    ArgName{"output of '", r.name, "'"}));
-    }
-    r.dtype = in.dtype;
-    r.shape = in.shape;
     if (r.kind == CollectiveKind::kAlltoall) {
       if (splits.is_none()) {
         if (in.shape.empty() || in.shape[0] % size != 0) {
@@ -143,13 +163,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
         r.splits = splits.cast<std::vector<int64_t>>();
       }
     }
-    Validate(r, in, w->output ? &w->output->view() : nullptr, size);
-    TensorEntry entry;
-    entry.request = std::move(r);
-    entry.input = in;
-    entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
-    entry.work = std::make_shared<Work>();
-    w->work = entry.work;
+    TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size);
     entries.push_back(std::move(entry));
     works.push_back(std::move(w));
   }
@@ -175,22 +189,13 @@ py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool 
   r.prescale = prescale;
   r.postscale = postscale;
   r.site = site;
-  auto w = std::make_unique<PyWork>();
-  w->input.reset(new TensorArg(tensor, in_place, dtype, ArgName{"tensor '", r.name, "'"}));
-  const TensorView& in = w->input->view();
-  r.dtype = in.dtype;
-  r.shape = in.shape;
   if (r.kind == CollectiveKind::kAlltoall || r.kind == CollectiveKind::kBroadcast) {
     ThrowValueError("internal: submit_one takes allreduce, allgather and reducescatter only");
   }
-  Validate(r, in, nullptr, engine->topology().size);
-  std::vector<TensorEntry> entries(1);
-  TensorEntry& entry = entries[0];
-  entry.request = std::move(r);
-  entry.input = in;
-  entry.output = in_place ? in.data : nullptr;
-  entry.work = std::make_shared<Work>();
-  w->work = entry.work;
+  auto w = std::make_unique<PyWork>();
+  AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
+  std::vector<TensorEntry> entries;
+  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size));
   Status status = engine->Enqueue(std::move(entries));
   if (!status.ok()) ThrowStatus(status);
   w->enqueued = true;

@@ -61,14 +61,16 @@ def train_reference(reference, x, y, size, loss_fn):
         trainer.step(BATCH * size)
 
 
-@pytest.mark.parametrize("compression", ["none", "fp16"])
-def test_distributed_trainer_matches_single_process(compression, rank, size):
+def train_with(trainer_factory, rank, size, seed=9, broadcast=False, rtol=2e-5):
+    """Trains on every rank's batches with the trainer ``trainer_factory``
+    makes, and checks the weights against one process on the global batch.
+    With ``broadcast`` the ranks start from different weights and
+    broadcast_parameters equalizes them."""
     x, y = rank_data(size)
-    net = make_net(seed=1 + rank)  # different starts: broadcast_parameters equalizes them
-    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": 0.1, "momentum": 0.9},
-                                     compression=getattr(hvd.Compression, compression))
+    net = make_net(seed=seed + rank if broadcast else seed)
+    if broadcast:
+        hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    trainer = trainer_factory(net.collect_params())
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(STEPS):
         rows = slice(step * BATCH, (step + 1) * BATCH)
@@ -76,10 +78,18 @@ def test_distributed_trainer_matches_single_process(compression, rank, size):
             loss = loss_fn(net(mx.nd.array(x[rank, rows])), mx.nd.array(y[rank, rows]))
         loss.backward()
         trainer.step(BATCH)
-    reference = make_net(seed=1)
+    reference = make_net(seed=seed)
     train_reference(reference, x, y, size, loss_fn)
     assert_same_on_every_rank(weights(net))
-    assert_matches(net, reference, rtol=2e-5 if compression == "none" else 2e-2)
+    assert_matches(net, reference, rtol=rtol)
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_distributed_trainer_matches_single_process(compression, rank, size):
+    train_with(lambda params: hvd.DistributedTrainer(
+        params, "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+        compression=getattr(hvd.Compression, compression)),
+        rank, size, seed=1, broadcast=True, rtol=2e-5 if compression == "none" else 2e-2)
 
 
 def test_distributed_optimizer_in_a_hand_written_loop(rank, size):
@@ -138,23 +148,6 @@ def test_broadcast_parameters_of_a_dict_and_errors(rank, size):
     with pytest.raises(ValueError, match="gradient_predivide_factor must be positive"):
         hvd.DistributedTrainer(make_net(0).collect_params(), "sgd",
                                gradient_predivide_factor=0)
-
-
-def train_with(trainer_factory, rank, size):
-    x, y = rank_data(size)
-    net = make_net(seed=9)
-    trainer = trainer_factory(net.collect_params())
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    for step in range(STEPS):
-        rows = slice(step * BATCH, (step + 1) * BATCH)
-        with autograd.record():
-            loss = loss_fn(net(mx.nd.array(x[rank, rows])), mx.nd.array(y[rank, rows]))
-        loss.backward()
-        trainer.step(BATCH)
-    reference = make_net(seed=9)
-    train_reference(reference, x, y, size, loss_fn)
-    assert_same_on_every_rank(weights(net))
-    assert_matches(net, reference)
 
 
 def test_plain_trainer_with_distributed_optimizer(rank, size):

@@ -7,33 +7,7 @@ and casts the result back. Pass the class itself.
 
 import numpy as np
 
-
-class Compressor:
-    """Interface of a compressor; both methods are static."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns ``(compressed_tensor, context)``."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Restores a tensor produced by :meth:`compress` using its ``ctx``."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leaves arrays untouched."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns ``(tensor, None)``."""
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns ``tensor``."""
-        return tensor
+from hora.common.compression import Compressor, NoneCompressor  # noqa: F401 (re-exported)
 
 
 class FP16Compressor(Compressor):

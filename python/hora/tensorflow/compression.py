@@ -8,33 +8,7 @@ through unchanged. Pass the class itself, e.g. ``compression=Compression.fp16``.
 
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface of a compressor; both methods are static."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns ``(compressed_tensor, context)``."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Restores a tensor produced by :meth:`compress` using its ``ctx``."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leaves tensors untouched."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns ``(tensor, None)``."""
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns ``tensor``."""
-        return tensor
+from hora.common.compression import Compressor, NoneCompressor  # noqa: F401 (re-exported)
 
 
 class FP16Compressor(Compressor):
