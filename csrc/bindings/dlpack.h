@@ -7,7 +7,7 @@
 namespace hora {
 namespace dlpack {
 
-enum DeviceType : int32_t { kCPU = 1, kCUDA = 2, kCUDAHost = 3 };
+enum DeviceType : int32_t { kCPU = 1, kCUDA = 2, kCUDAHost = 3, kCUDAManaged = 13 };
 enum TypeCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4, kBool = 6 };
 
 struct Device {

@@ -11,6 +11,8 @@
 
 #include "errors.h"
 #include "hora/algo/host_kernels.h"
+#include "hora/gpu/gpu_backend.h"
+#include "dlpack.h"
 #include "runtime.h"
 #include "tensor_arg.h"
 
@@ -25,6 +27,7 @@ struct PyWork {
   std::shared_ptr<Work> work;
   std::unique_ptr<TensorArg> input;
   std::unique_ptr<TensorArg> output;
+  DataType dtype = DataType::kFloat32;
   bool enqueued = false;
 
   ~PyWork() {
@@ -39,6 +42,58 @@ struct PyWork {
 struct ResultBuffer {
   std::shared_ptr<OwnedBuffer> buffer;
 };
+
+dlpack::DataType ToDlpack(DataType dtype) {
+  const uint8_t bits = static_cast<uint8_t>(DataTypeSize(dtype) * 8);
+  switch (dtype) {
+    case DataType::kUInt8: return {dlpack::kUInt, 8, 1};
+    case DataType::kBool: return {dlpack::kBool, 8, 1};
+    case DataType::kBFloat16: return {dlpack::kBfloat, 16, 1};
+    case DataType::kFloat16: case DataType::kFloat32: case DataType::kFloat64:
+      return {dlpack::kFloat, bits, 1};
+    default: return {dlpack::kInt, bits, 1};
+  }
+}
+
+// A GPU result handed to a framework as a legacy "dltensor" capsule; the
+// consumer's deleter call (or the capsule's, if nobody consumed it) frees it.
+struct DeviceExport {
+  dlpack::ManagedTensor managed;
+  std::shared_ptr<DeviceBuffer> buffer;
+  std::vector<int64_t> shape;
+};
+
+void DeleteExport(dlpack::ManagedTensor* managed) {
+  delete static_cast<DeviceExport*>(managed->manager_ctx);
+}
+
+py::object ExportDevice(std::shared_ptr<DeviceBuffer> buffer, DataType dtype,
+                        const std::vector<int64_t>& shape) {
+  auto* e = new DeviceExport();
+  e->buffer = std::move(buffer);
+  e->shape = shape;
+  dlpack::Tensor& t = e->managed.dl_tensor;
+  t.data = e->buffer->data;
+  t.device = {dlpack::kCUDA, e->buffer->device};
+  t.ndim = static_cast<int32_t>(e->shape.size());
+  t.dtype = ToDlpack(dtype);
+  t.shape = e->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = &DeleteExport;
+  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", [](PyObject* self) {
+    if (PyCapsule_IsValid(self, "dltensor")) {  // never consumed
+      auto* m = static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(self, "dltensor"));
+      m->deleter(m);
+    }
+  });
+  if (capsule == nullptr) {
+    delete e;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
 
 std::string Describe(const Request& r) {
   return std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'";
@@ -101,16 +156,32 @@ void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, b
   w->input.reset(new TensorArg(input, in_place, dtype, ArgName{"tensor '", r->name, "'"}));
   if (!output.is_none()) {
     w->output.reset(new TensorArg(output, true, dtype, ArgName{"output of '", r->name, "'"}));
+    if (w->output->view().device != w->input->view().device) {
+      auto where = [](int device) {
+        return device < 0 ? std::string("host memory") : "GPU " + std::to_string(device);
+      };
+      ThrowValueError(Describe(*r) + ": the output is in " + where(w->output->view().device) +
+                      " but the input is in " + where(w->input->view().device));
+    }
   }
   r->dtype = w->input->view().dtype;
   r->shape = w->input->view().shape;
+  r->on_gpu = w->input->view().device >= 0;
+  w->dtype = r->dtype;
 }
 
 // Checks the request and makes the engine's entry for it, linked to `w`.
-TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size) {
+TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, uintptr_t stream) {
   const TensorView& in = w->input->view();
   Validate(r, in, w->output ? &w->output->view() : nullptr, size);
   TensorEntry entry;
+  if (in.device >= 0) {
+    // The engine's work on this tensor starts after what the caller has
+    // queued on its stream so far (the kernels producing it).
+    Status status = gpu::RecordReady(in.device, stream, &entry.ready);
+    if (!status.ok()) ThrowValueError("tensor '" + r.name + "' " + status.message());
+    entry.stream = stream;
+  }
   entry.request = std::move(r);
   entry.input = in;
   entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
@@ -123,7 +194,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
                                             py::list inputs, py::object outputs, int op, int root,
                                             double prescale, double postscale, py::object splits,
                                             const std::vector<int>& dtypes, bool grouped,
-                                            const std::string& site) {
+                                            const std::string& site, uintptr_t stream) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   const int size = engine->topology().size;
   if (static_cast<size_t>(py::len(inputs)) != names.size() ||
@@ -163,7 +234,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
         r.splits = splits.cast<std::vector<int64_t>>();
       }
     }
-    TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size);
+    TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, stream);
     entries.push_back(std::move(entry));
     works.push_back(std::move(w));
   }
@@ -195,7 +266,7 @@ py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool 
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
   std::vector<TensorEntry> entries;
-  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size));
+  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, 0));
   Status status = engine->Enqueue(std::move(entries));
   if (!status.ok()) ThrowStatus(status);
   w->enqueued = true;
@@ -221,6 +292,12 @@ void RegisterOps(py::module_& m) {
              if (!status.ok()) ThrowStatus(status);
            })
       .def("poll", [](PyWork& w) { return w.work->Poll(); })
+      .def("result_dlpack",
+           [](PyWork& w) -> py::object {
+             if (!w.work->device_output) return py::none();
+             return ExportDevice(w.work->device_output, w.dtype, w.work->output_shape);
+           })
+      .def_property_readonly("on_gpu", [](PyWork& w) { return static_cast<bool>(w.work->device_output); })
       .def("result_buffer",
            [](PyWork& w) -> py::object {
              if (!w.work->output) return py::none();
@@ -239,7 +316,7 @@ void RegisterOps(py::module_& m) {
         py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
         py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false,
-        py::arg("site") = std::string());
+        py::arg("site") = std::string(), py::arg("stream") = 0);
   m.def("submit_one", &SubmitOne, py::arg("kind"), py::arg("name"), py::arg("tensor"),
         py::arg("in_place"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
         py::arg("dtype"), py::arg("site"));

@@ -15,6 +15,7 @@
 #include "hora/common/build_config.h"
 #include "hora/common/logging.h"
 #include "hora/core/config.h"
+#include "hora/gpu/gpu_backend.h"
 
 namespace py = pybind11;
 
@@ -97,6 +98,9 @@ py::dict BuildInfo() {
   info["mpi_bin_dir"] = HORA_MPI_BIN_DIR;
   info["cuda_built"] = static_cast<bool>(HORA_HAVE_CUDA);
   info["nccl_built"] = static_cast<bool>(HORA_HAVE_NCCL);
+  // CUDA and NCCL versions (compiled against, and loaded now), the GPU
+  // architectures compiled for and the devices visible; absent without CUDA.
+  for (const auto& item : gpu::VersionInfo()) info[py::str(item.first)] = item.second;
   info["compiler"] = HORA_COMPILER;
   py::dict kernels;  // compiled-in CPU kernel set -> whether this CPU runs it
   for (const auto& item : KernelAvailability()) kernels[py::str(item.first)] = item.second;

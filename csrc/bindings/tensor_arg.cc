@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "hora/common/dtype.h"
+#include "hora/gpu/gpu_backend.h"
 
 namespace py = pybind11;
 
@@ -62,6 +63,37 @@ bool DtypeFromDlpack(const dlpack::DataType& t, DataType* out) {
   return false;
 }
 
+// NumPy-style type strings ("<f4") as __cuda_array_interface__ gives them.
+bool DtypeFromTypestr(const std::string& typestr, DataType* out) {
+  if (typestr.size() < 3 || typestr[0] == '>') return false;
+  const char kind = typestr[1];
+  const int bytes = std::atoi(typestr.c_str() + 2);
+  switch (kind) {
+    case 'b': if (bytes == 1) { *out = DataType::kBool; return true; } return false;
+    case 'u': if (bytes == 1) { *out = DataType::kUInt8; return true; } return false;
+    case 'i':
+      switch (bytes) {
+        case 1: *out = DataType::kInt8; return true;
+        case 2: *out = DataType::kInt16; return true;
+        case 4: *out = DataType::kInt32; return true;
+        case 8: *out = DataType::kInt64; return true;
+      }
+      return false;
+    case 'f':
+      switch (bytes) {
+        case 2: *out = DataType::kFloat16; return true;
+        case 4: *out = DataType::kFloat32; return true;
+        case 8: *out = DataType::kFloat64; return true;
+      }
+      return false;
+  }
+  return false;
+}
+
+const char* kNoGpu =
+    " lives on a GPU, but this build of hora has no GPU support: rebuild it with "
+    "HORA_WITH_CUDA=1 (see `horarun --check-build`), or pass host memory";
+
 const char* kSupported =
     "supported types are uint8, int8, int16, int32, int64, float16, bfloat16, float32, "
     "float64 and bool";
@@ -71,7 +103,9 @@ const char* kSupported =
 TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
                      const ArgName& what) {
   try {
-    if (!FromBuffer(object, writable, what)) FromDlpack(object, what);
+    if (!FromBuffer(object, writable, what) && !FromCudaArrayInterface(object, writable, what)) {
+      FromDlpack(object, what);
+    }
     if (dtype_override >= 0) {
       const DataType requested = static_cast<DataType>(dtype_override);
       if (DataTypeSize(requested) != DataTypeSize(view_.dtype)) {
@@ -93,6 +127,44 @@ void TensorArg::Release() {
   buffer_.reset();
   if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
   managed_ = nullptr;
+  keep_alive_ = py::object();
+}
+
+bool TensorArg::FromCudaArrayInterface(py::handle object, bool writable, const ArgName& what) {
+  // DLPack is preferred where both exist: its capsule keeps the memory alive
+  // and says which device holds it.
+  if (py::hasattr(object, "__dlpack__") || !py::hasattr(object, "__cuda_array_interface__")) {
+    return false;
+  }
+  if (!gpu::BuiltIn()) ThrowValueError(what.str() + kNoGpu);
+  py::dict cai = object.attr("__cuda_array_interface__");
+  py::tuple data = cai["data"];
+  if (writable && data[1].cast<bool>()) {
+    ThrowValueError(what.str() + " is read-only, but this collective writes its result into it");
+  }
+  const std::string typestr = cai["typestr"].cast<std::string>();
+  if (!DtypeFromTypestr(typestr, &view_.dtype)) {
+    ThrowTypeError(what.str() + " has unsupported element type '" + typestr + "'; " + kSupported);
+  }
+  view_.shape = cai["shape"].cast<std::vector<int64_t>>();
+  if (cai.contains("strides") && !cai["strides"].is_none() && view_.NumElements() != 0) {
+    const std::vector<int64_t> strides = cai["strides"].cast<std::vector<int64_t>>();
+    int64_t expected = DataTypeSize(view_.dtype);
+    for (int d = static_cast<int>(view_.shape.size()) - 1; d >= 0; --d) {
+      if (view_.shape[d] != 1 && strides[d] != expected) {
+        ThrowValueError(what.str() + " is not contiguous; pass a contiguous copy");
+      }
+      expected *= view_.shape[d];
+    }
+  }
+  view_.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  view_.device = 0;
+  if (view_.data != nullptr) {
+    Status status = gpu::PointerDevice(view_.data, &view_.device);
+    if (!status.ok()) ThrowValueError(what.str() + ": " + status.message());
+  }
+  keep_alive_ = py::reinterpret_borrow<py::object>(object);
+  return true;
 }
 
 bool TensorArg::FromBuffer(py::handle object, bool writable, const ArgName& what) {
@@ -131,10 +203,13 @@ void TensorArg::FromDlpack(py::handle object, const ArgName& what) {
   // Renaming marks the capsule consumed: we now own the deleter call.
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   const dlpack::Tensor& t = managed_->dl_tensor;
-  if (t.device.device_type != dlpack::kCPU && t.device.device_type != dlpack::kCUDAHost) {
-    ThrowValueError(what.str() + " lives on a GPU (DLPack device " + std::to_string(t.device.device_type) +
-                    "); this build of hora handles host memory only");
+  const bool on_gpu = t.device.device_type == dlpack::kCUDA || t.device.device_type == dlpack::kCUDAManaged;
+  if (on_gpu && !gpu::BuiltIn()) ThrowValueError(what.str() + kNoGpu);
+  if (!on_gpu && t.device.device_type != dlpack::kCPU && t.device.device_type != dlpack::kCUDAHost) {
+    ThrowValueError(what.str() + " lives on an unsupported device (DLPack device type " +
+                    std::to_string(t.device.device_type) + "); hora handles host memory and CUDA GPUs");
   }
+  view_.device = on_gpu ? t.device.device_id : -1;
   if (!DtypeFromDlpack(t.dtype, &view_.dtype)) {
     ThrowTypeError(what.str() + " has an unsupported element type (DLPack code " +
                    std::to_string(t.dtype.code) + ", " + std::to_string(t.dtype.bits) + " bits); " +

@@ -37,11 +37,14 @@ class TensorArg {
  private:
   bool FromBuffer(pybind11::handle object, bool writable, const ArgName& what);
   void FromDlpack(pybind11::handle object, const ArgName& what);
+  // Objects that only describe GPU memory (numba, some CuPy versions).
+  bool FromCudaArrayInterface(pybind11::handle object, bool writable, const ArgName& what);
   void Release();
 
   TensorView view_;
   std::unique_ptr<Py_buffer> buffer_;
   dlpack::ManagedTensor* managed_ = nullptr;
+  pybind11::object keep_alive_;  // the exporter of __cuda_array_interface__ memory
 };
 
 }  // namespace hora

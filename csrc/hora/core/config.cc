@@ -98,6 +98,9 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       return Invalid(algorithm, "one of auto, mpi, ring, shm, hierarchical");
     }
   }
+  HORA_RETURN_IF_ERROR(ReadBool(
+      Find(lookup, "HORA_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
+      &result.gpu_hierarchical_allreduce));
   const Source kernels = Find(lookup, "HORA_CPU_KERNELS", nullptr);
   if (kernels.value != nullptr) {
     result.cpu_kernels = kernels.value;

@@ -26,6 +26,10 @@ struct Config {
   std::string allreduce_algorithm = "auto";
   // "auto": allreduces up to this many bytes use MPI's latency-optimal one.
   int64_t small_allreduce_bytes = 64 * 1024;
+  // GPU allreduce across hosts: NCCL reduce-scatter inside each host, MPI
+  // between hosts, NCCL allgather inside each host (instead of one NCCL
+  // allreduce over every rank). Needs the same number of ranks per host.
+  bool gpu_hierarchical_allreduce = false;
   // Bytes of one shared-memory pipeline slot (kSlots per rank).
   int64_t shm_slot_bytes = 1024 * 1024;
   // Which host this rank counts as (default: ranks sharing memory form a

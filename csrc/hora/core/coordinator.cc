@@ -221,6 +221,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   response.dtype = first.dtype;
   response.op = first.op;
   response.root = first.root;
+  response.on_gpu = first.on_gpu;
   response.prescale = first.prescale;
   response.postscale = first.postscale;
   response.shape = first.shape;
@@ -244,6 +245,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
 
   check("collective kind", [](const Request& r) { return std::string(CollectiveKindName(r.kind)); });
   check("data type", [](const Request& r) { return std::string(DataTypeName(r.dtype)); });
+  check("device", [](const Request& r) { return std::string(r.on_gpu ? "GPU" : "host memory"); });
   const CollectiveKind kind = first.kind;
   if (kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReducescatter) {
     check("reduce op", [](const Request& r) { return std::string(ReduceOpName(r.op)); });

@@ -9,7 +9,8 @@ namespace hora {
 namespace {
 
 bool SameAllreduce(const Response& a, const Response& b) {
-  return b.kind == CollectiveKind::kAllreduce && !b.is_error() && a.dtype == b.dtype &&
+  return b.kind == CollectiveKind::kAllreduce && !b.is_error() && a.on_gpu == b.on_gpu &&
+         a.dtype == b.dtype &&
          a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
          a.contributors == b.contributors;
 }
@@ -114,13 +115,17 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     Status status;
     Phases phases;
     phases.start = Timeline::Clock::now();
-    switch (r.kind) {
-      case CollectiveKind::kAllgather: status = RunAllgather(r, entry); break;
-      case CollectiveKind::kBroadcast: status = RunBroadcast(r, entry); break;
-      case CollectiveKind::kAlltoall: status = RunAlltoall(r, entry); break;
-      case CollectiveKind::kReducescatter: status = RunReducescatter(r, entry); break;
-      case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
-      default: status = Status::Internal("unexpected collective kind");
+    if (r.on_gpu) {
+      status = RunGpu(r, entry);
+    } else {
+      switch (r.kind) {
+        case CollectiveKind::kAllgather: status = RunAllgather(r, entry); break;
+        case CollectiveKind::kBroadcast: status = RunBroadcast(r, entry); break;
+        case CollectiveKind::kAlltoall: status = RunAlltoall(r, entry); break;
+        case CollectiveKind::kReducescatter: status = RunReducescatter(r, entry); break;
+        case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
+        default: status = Status::Internal("unexpected collective kind");
+      }
     }
     if (timeline_->active()) {
       phases.copied_in = phases.start;
@@ -157,10 +162,18 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   int64_t total = 0;
   for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
   Status status;
-  // Every rank must pick the same branch (the shared-memory paths apply the
+  GpuBackend* gpu = nullptr;
+  if (head.on_gpu) {
+    const TensorEntry* any = nullptr;
+    for (size_t k = 0; k < batch_size && any == nullptr; ++k) any = present[k] ? &entries[k] : nullptr;
+    status = Gpu(any, &gpu);
+    phases.copied_in = Timeline::Clock::now();
+    if (status.ok()) status = gpu->Allreduce(batch, batch_size, entries.data(), present);
+    phases.reduced = Timeline::Clock::now();
+  } else if (!IsHalf(head.dtype) && head.prescale == 1.0 && router_->TakesPieces(total * element)) {
+    // Every rank must pick the same branch (the shared-memory paths apply the
   // scale factor to the sub-slice each rank owns), so the choice depends
   // only on the responses, never on which tensors this rank has.
-  if (!IsHalf(head.dtype) && head.prescale == 1.0 && router_->TakesPieces(total * element)) {
     // Shared-memory paths read the callers' tensors and write their outputs
     // directly, scaling on the way out: no fusion buffer, no extra pass.
     // A rank that has joined contributes neutral values from scratch space.
@@ -223,7 +236,7 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   phases.copied_out = Timeline::Clock::now();
   allreduced_bytes_ += total * element;
   if (timeline_->active()) {
-    std::string path = AllreducePathName(router_->Choose(total * element));
+    std::string path = head.on_gpu ? "nccl" : AllreducePathName(router_->Choose(total * element));
     for (char& c : path) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     Record(batch, batch_size, "ALLREDUCE", path + "_ALLREDUCE", decided, phases, total * element);
   }
@@ -236,6 +249,28 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
     if (present[k]) entries[k].work->Complete(status);
   }
   return status;
+}
+
+Status Executor::Gpu(const TensorEntry* entry, GpuBackend** out) {
+  if (!gpu_) {
+    int device = entry != nullptr ? entry->input.device : -1;
+    if (device < 0) HORA_RETURN_IF_ERROR(gpu::DefaultDevice(comm_->topology().local_rank, &device));
+    HORA_RETURN_IF_ERROR(gpu::CreateBackend(comm_, config_, device, &gpu_));
+  }
+  *out = gpu_.get();
+  return Status::OK();
+}
+
+Status Executor::RunGpu(const Response& r, TensorEntry& e) {
+  GpuBackend* gpu = nullptr;
+  HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
+  switch (r.kind) {
+    case CollectiveKind::kAllgather: return gpu->Allgather(r, e);
+    case CollectiveKind::kBroadcast: return gpu->Broadcast(r, e);
+    case CollectiveKind::kAlltoall: return gpu->Alltoall(r, e);
+    case CollectiveKind::kReducescatter: return gpu->Reducescatter(r, e);
+    default: return Status::Internal("unexpected GPU collective kind");
+  }
 }
 
 Status Executor::RunAllgather(const Response& r, TensorEntry& e) {

@@ -12,6 +12,7 @@
 #include "hora/core/message.h"
 #include "hora/core/tensor_queue.h"
 #include "hora/core/timeline.h"
+#include "hora/gpu/gpu_backend.h"
 
 namespace hora {
 
@@ -20,6 +21,7 @@ class Executor {
   Executor(Communicator* comm, TensorQueue* queue, const Config& config, Timeline* timeline)
       : comm_(comm),
         queue_(queue),
+        config_(config),
         fusion_threshold_bytes_(config.fusion_threshold_bytes),
         timeline_(timeline) {}
 
@@ -56,9 +58,14 @@ class Executor {
   Status RunBroadcast(const Response& response, TensorEntry& entry);
   Status RunAlltoall(const Response& response, TensorEntry& entry);
   Status RunReducescatter(const Response& response, TensorEntry& entry);
+  // GPU tensors go to the GPU backend, made on first use.
+  Status Gpu(const TensorEntry* entry, GpuBackend** out);
+  Status RunGpu(const Response& response, TensorEntry& entry);
 
   Communicator* comm_;
   TensorQueue* queue_;
+  Config config_;
+  std::unique_ptr<GpuBackend> gpu_;
   int64_t fusion_threshold_bytes_;
   FusionBuffer fusion_buffer_;
   std::unique_ptr<AllreduceRouter> router_;

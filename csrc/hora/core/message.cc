@@ -114,6 +114,7 @@ void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
     w.Put<uint8_t>(static_cast<uint8_t>(r.op));
     w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
     w.Put<int32_t>(r.root);
+    w.Put<uint8_t>(r.on_gpu ? 1 : 0);
     w.Put<double>(r.prescale);
     w.Put<double>(r.postscale);
     w.PutInts(r.shape);
@@ -130,9 +131,9 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
   if (!rd.Get(&count)) return Status::Internal("truncated request list");
   out->resize(count);
   for (Request& r : *out) {
-    uint8_t kind, op, dtype;
+    uint8_t kind, op, dtype, on_gpu;
     if (!rd.Get(&r.rank) || !rd.GetString(&r.name) || !rd.Get(&kind) || !rd.Get(&op) ||
-        !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&r.prescale) || !rd.Get(&r.postscale) ||
+        !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) || !rd.Get(&r.postscale) ||
         !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) || !rd.GetString(&r.group) ||
         !rd.Get(&r.group_size) || !rd.GetString(&r.site)) {
       return Status::Internal("truncated request");
@@ -140,6 +141,7 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
     r.kind = static_cast<CollectiveKind>(kind);
     r.op = static_cast<ReduceOp>(op);
     r.dtype = static_cast<DataType>(dtype);
+    r.on_gpu = on_gpu != 0;
   }
   return rd.done() ? Status::OK() : Status::Internal("trailing bytes after request list");
 }
@@ -155,6 +157,7 @@ void SerializeResponses(const std::vector<Response>& responses, std::string* out
     w.Put<uint8_t>(static_cast<uint8_t>(r.dtype));
     w.Put<uint8_t>(static_cast<uint8_t>(r.op));
     w.Put<int32_t>(r.root);
+    w.Put<uint8_t>(r.on_gpu ? 1 : 0);
     w.Put<double>(r.prescale);
     w.Put<double>(r.postscale);
     w.PutInts(r.shape);
@@ -171,15 +174,17 @@ Status ParseResponses(const std::string& data, std::vector<Response>* out) {
   if (!rd.Get(&count)) return Status::Internal("truncated response list");
   out->resize(count);
   for (Response& r : *out) {
-    uint8_t kind, dtype, op, cacheable;
+    uint8_t kind, dtype, op, cacheable, on_gpu;
     int32_t code;
     if (!rd.Get(&kind) || !rd.GetString(&r.name) || !rd.Get(&code) || !rd.GetString(&r.error) ||
-        !rd.Get(&dtype) || !rd.Get(&op) || !rd.Get(&r.root) || !rd.Get(&r.prescale) ||
+        !rd.Get(&dtype) || !rd.Get(&op) || !rd.Get(&r.root) || !rd.Get(&on_gpu) ||
+        !rd.Get(&r.prescale) ||
         !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.first_dims) ||
         !rd.GetInts(&r.splits) || !rd.Get(&cacheable) || !rd.Get(&r.contributors)) {
       return Status::Internal("truncated response");
     }
     r.cacheable = cacheable != 0;
+    r.on_gpu = on_gpu != 0;
     r.kind = static_cast<CollectiveKind>(kind);
     r.error_code = static_cast<StatusCode>(code);
     r.dtype = static_cast<DataType>(dtype);

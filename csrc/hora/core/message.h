@@ -45,6 +45,9 @@ struct Request {
   ReduceOp op = ReduceOp::kSum;
   DataType dtype = DataType::kFloat32;
   int32_t root = 0;
+  // Where the tensor lives: host memory, or a GPU (any device index; the
+  // ranks must agree on the kind, not on the index).
+  bool on_gpu = false;
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;
@@ -67,6 +70,7 @@ struct Response {
   DataType dtype = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
+  bool on_gpu = false;
   double prescale = 1.0;
   double postscale = 1.0;
   std::vector<int64_t> shape;       // the agreed shape (rank 0's for allgather)

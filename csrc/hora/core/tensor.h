@@ -4,6 +4,7 @@
 // output's size is only known after negotiation (allgather, alltoall).
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -43,6 +44,22 @@ class OwnedBuffer {
  private:
   char* data_;
   int64_t size_;
+};
+
+// GPU memory the core allocated for a result whose size was only known after
+// negotiation (allgather, alltoall, reducescatter on GPU tensors). `release`
+// frees it, ordered after the work queued on the stream it was made for.
+struct DeviceBuffer {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  int device = -1;
+  std::function<void(void*)> release;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (release && data != nullptr) release(data);
+  }
 };
 
 }  // namespace hora

@@ -23,6 +23,11 @@ struct TensorEntry {
   TensorView input;
   void* output = nullptr;  // allreduce / broadcast destination; may equal input.data
   std::shared_ptr<Work> work;
+  // GPU tensors: the caller's CUDA stream, and an event recorded on it at
+  // submission (the engine's kernels start after it; its owner returns it to
+  // the pool).
+  uintptr_t stream = 0;
+  std::shared_ptr<void> ready;
 };
 
 class TensorQueue {

@@ -25,6 +25,7 @@ class Work {
   // Outputs the engine fills in before Complete() for collectives whose
   // output size is decided by negotiation.
   std::shared_ptr<OwnedBuffer> output;
+  std::shared_ptr<DeviceBuffer> device_output;  // instead of `output` for GPU tensors
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;
   int join_last_rank = -1;
