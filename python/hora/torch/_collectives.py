@@ -8,8 +8,10 @@ core's works plus a function that builds the result from them; the
 """
 
 import math
+import warnings
 
 import torch
+import torch.utils.dlpack
 
 from hora._loader import _C
 from hora.common import call_site
@@ -32,10 +34,10 @@ SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int
 def check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"{what}: the tensor is on device '{tensor.device}', but hora.torch handles CPU "
-            f"tensors only for now; move it with .cpu() first")
+            f"{what}: the tensor is on device '{tensor.device}'; hora.torch handles CPU and "
+            f"CUDA tensors")
     if tensor.layout != torch.strided:
         raise ValueError(f"{what}: {tensor.layout} tensors are not supported; use a dense tensor "
                          f"(.to_dense())")
@@ -74,7 +76,7 @@ def splits_list(splits, what):
 def _dense(t):
     if t.numel() == 0:
         # torch may give empty tensors any strides; the core wants row-major ones
-        return torch.empty(t.shape, dtype=t.dtype)
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
     return t if t.is_contiguous() else t.contiguous()
 
 
@@ -84,19 +86,89 @@ def as_input(tensor):
     return _dense(tensor.detach())
 
 
+_gpu_built = None
+_staging_warned = False
+
+
+def _core_has_gpu():
+    global _gpu_built
+    if _gpu_built is None:
+        _gpu_built = bool(_C.build_info()["cuda_built"])
+    return _gpu_built
+
+
+class _StagedWork:
+    """A core Work on host copies of CUDA tensors (a build without GPU
+    support): waiting copies the results back to the GPU tensors."""
+
+    def __init__(self, work, copies, device):
+        self._work = work
+        self._copies = copies
+        self.staged_device = device
+
+    def wait(self):
+        self._work.wait()
+        for target, host in self._copies:
+            target.copy_(host)
+        self._copies = []
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _submit_staged(kind, names, inputs, outputs, args):
+    global _staging_warned
+    if not _staging_warned:
+        _staging_warned = True
+        warnings.warn(
+            "hora.torch: this build of hora has no GPU support, so CUDA tensors are copied "
+            "through host memory for every collective (slow). Rebuild with HORA_WITH_CUDA=1 "
+            "(NCCL) for GPU collectives; `horarun --check-build` shows what is built in.",
+            RuntimeWarning, stacklevel=4)
+    host_inputs = [t.cpu() for t in inputs]
+    host_outputs, copies = None, [[] for _ in inputs]
+    if outputs is not None:
+        host_outputs = []
+        for i, (x, out) in enumerate(zip(inputs, outputs)):
+            if out is x:
+                host_outputs.append(host_inputs[i])  # in place stays in place
+            else:
+                host_outputs.append(torch.empty_like(host_inputs[i]))
+            if out.is_cuda:
+                copies[i].append((out, host_outputs[i]))
+    works = _C.submit(kind, names, host_inputs, host_outputs, *args)
+    return [_StagedWork(w, c, x.device) for w, c, x in zip(works, copies, inputs)]
+
+
 def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, postscale=1.0,
            splits=None, grouped=False):
-    return _C.submit(kind, list(names), list(inputs), None if outputs is None else list(outputs),
-                     int(op), int(root), float(prescale), float(postscale), splits, [], grouped,
-                     call_site.describe())
+    """Hands tensors to the core. CUDA tensors go to NCCL ordered after the
+    work queued on torch's current stream (and later work on that stream
+    sees the results); without GPU support in the build they are staged
+    through host memory."""
+    names, inputs = list(names), list(inputs)
+    outputs = None if outputs is None else list(outputs)
+    args = (int(op), int(root), float(prescale), float(postscale), splits, [], grouped,
+            call_site.describe())
+    stream = 0
+    if inputs and inputs[0].is_cuda:
+        if not _core_has_gpu():
+            return _submit_staged(kind, names, inputs, outputs, args)
+        stream = torch.cuda.current_stream(inputs[0].device).cuda_stream
+    return _C.submit(kind, names, inputs, outputs, *args, stream)
 
 
 def owned_result(work, dtype):
     """The core-allocated result of an allgather/alltoall/reducescatter."""
+    if work.on_gpu:
+        return torch.utils.dlpack.from_dlpack(work.result_dlpack())
     shape = tuple(int(d) for d in work.output_shape)
     if math.prod(shape) == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(work.result_buffer(), dtype=dtype).reshape(shape)
+        result = torch.empty(shape, dtype=dtype)
+    else:
+        result = torch.frombuffer(work.result_buffer(), dtype=dtype).reshape(shape)
+    device = getattr(work, "staged_device", None)
+    return result if device is None else result.to(device)
 
 
 def start_allreduce(tensors, names, op, prescale, postscale, grouped):

@@ -118,8 +118,11 @@ def _fit_state(optimizer, description):
                 _, shape, dtype = spec
                 current = state.get(key)
                 if (not isinstance(current, torch.Tensor) or tuple(current.shape) != shape
-                        or current.dtype != dtype or current.device.type != "cpu"):
-                    state[key] = torch.zeros(shape, dtype=dtype)
+                        or current.dtype != dtype):
+                    # Per-parameter buffers live with the parameter; scalars such
+                    # as Adam's step stay in host memory, as torch keeps them.
+                    device = p.device if tuple(p.shape) == shape else torch.device("cpu")
+                    state[key] = torch.zeros(shape, dtype=dtype, device=device)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=None):

@@ -162,9 +162,9 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
     check_process_set(process_set, "sparse_allreduce_async")
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         raise TypeError("sparse_allreduce_async: expected a sparse COO torch.Tensor")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"sparse_allreduce_async: the tensor is on device '{tensor.device}', "
-                         f"but hora.torch handles CPU tensors only for now")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"sparse_allreduce_async: the tensor is on device '{tensor.device}'; "
+                         f"hora.torch handles CPU and CUDA tensors")
     op = check_op(op)
     if op not in (Average, Sum):
         raise ValueError(f"sparse_allreduce_async: op must be Average or Sum, got {op.name}")
@@ -375,9 +375,10 @@ def join(device=-1):
     """Marks this rank as out of data and returns the rank that joined last,
     once every rank has joined. Meanwhile this rank takes part in the other
     ranks' allreduces with zeros (an Average is taken over the ranks that
-    contributed). ``device`` must be -1 (CPU, the default): hora.torch has
-    no GPU support yet, so any other value raises ``ValueError``."""
-    if device is not None and int(device) != -1:
-        raise ValueError(f"join(device={device}): hora.torch handles CPU tensors only; "
-                         f"call join() or join(device=-1)")
+    contributed). ``device`` is accepted for Horovod compatibility: a
+    joined rank's GPU zeros go to the GPU this process already uses for
+    hora (else the one matching its local rank). Raises ``ValueError`` for
+    a negative device other than -1."""
+    if device is not None and int(device) < -1:
+        raise ValueError(f"join(device={device}): device must be -1 (CPU) or a GPU index")
     return _ops.join()

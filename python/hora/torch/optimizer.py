@@ -392,9 +392,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     for p in names:
         if p.requires_grad and not p.is_leaf:
             raise ValueError("DistributedOptimizer: the optimizer holds a non-leaf tensor")
-        if p.device.type != "cpu":
-            raise ValueError(f"DistributedOptimizer: a parameter is on device '{p.device}', "
-                             f"but hora.torch handles CPU tensors only for now")
+        if p.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"DistributedOptimizer: a parameter is on device '{p.device}'; "
+                             f"hora.torch handles CPU and CUDA tensors")
     seen = set()
     params = []
     for group in optimizer.param_groups:

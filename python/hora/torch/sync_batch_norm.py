@@ -27,9 +27,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             local_mean = xw.mean(dim=dims)
             local_m2 = (xw - _per_channel(local_mean, x)).square().sum(dim=dims)
         else:
-            local_mean = torch.zeros(channels, dtype=work)
-            local_m2 = torch.zeros(channels, dtype=work)
-        stats = torch.cat([torch.tensor([float(count)], dtype=work), local_mean, local_m2])
+            local_mean = torch.zeros(channels, dtype=work, device=x.device)
+            local_m2 = torch.zeros(channels, dtype=work, device=x.device)
+        stats = torch.cat([torch.tensor([float(count)], dtype=work, device=x.device), local_mean,
+                           local_m2])
         gathered = allgather_now(stats.unsqueeze(0))
         counts = gathered[:, :1]
         means = gathered[:, 1:1 + channels]
@@ -116,9 +117,9 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, input):
         """Normalizes ``input`` (see the class docstring)."""
         self._check_input_dim(input)
-        if input.device.type != "cpu":
-            raise ValueError(f"SyncBatchNorm: the input is on device '{input.device}', but "
-                             f"hora.torch handles CPU tensors only for now")
+        if input.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"SyncBatchNorm: the input is on device '{input.device}'; "
+                             f"hora.torch handles CPU and CUDA tensors")
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
