@@ -3,10 +3,13 @@
 # and a second time with MXNet into .venv-mxnet (MXNet 1.9.1 needs
 # numpy<1.24), then runs the whole suite: single-process tests, then the
 # multi-rank tests under horarun at 1, 2 and 3 ranks (tests/parallel,
-# tests/tf_parallel, and tests/mx_parallel in the MXNet environment).
+# tests/tf_parallel, and tests/mx_parallel in the MXNet environment), and
+# the compile-only check of the CUDA build where nvcc is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh test torch tensorflow
+# Where the CUDA toolkit is installed, NCCL's wheel comes along so that the
+# compile-only check of the CUDA build (tests/test_cuda_build.py) can link.
+HORA_NCCL_WHEEL=1 bash scripts/install.sh test torch tensorflow
 HORA_VENV=.venv-mxnet bash scripts/install.sh test mxnet
 export HORA_MXNET_PYTHON="$PWD/.venv-mxnet/bin/python"
 export PATH="$PWD/.venv/bin:$PATH"

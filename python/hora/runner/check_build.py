@@ -79,12 +79,22 @@ def core_lines(info):
     if kernels:
         lines.append((True, "CPU kernels", _kernel_text(kernels)))
     if info.get("cuda_built"):
-        lines.append((True, "CUDA", "built in"))
+        devices = str(info.get("cuda_devices", "?"))
+        lines.append((True, "CUDA", f"built in: compiled with CUDA {info.get('cuda_compiled', '?')} "
+                                    f"for {info.get('cuda_architectures', '?')}; runtime "
+                                    f"{info.get('cuda_runtime', '?')}, driver "
+                                    f"{info.get('cuda_driver', '?')}, {devices} GPU(s) visible"))
+        lines.append((True, "GPU collectives", "allreduce, allgather, broadcast, alltoall, "
+                                               "reducescatter on CUDA tensors through NCCL"))
     else:
         lines.append((False, "CUDA", "this build is CPU-only (the default); "
-                                     "rebuild with HORA_WITH_CUDA=1 pip install . for GPUs"))
+                                     "rebuild with HORA_WITH_CUDA=1 pip install . for GPUs "
+                                     "(hora.torch stages CUDA tensors through host memory "
+                                     "meanwhile)"))
     if info.get("nccl_built"):
-        lines.append((True, "NCCL", "built in"))
+        lines.append((True, "NCCL", f"built in: {info.get('nccl', '?')} loaded (compiled against "
+                                    f"{info.get('nccl_compiled', '?')} from "
+                                    f"{info.get('nccl_source', '?')})"))
     else:
         lines.append((False, "NCCL", "not built: NCCL comes with a CUDA build "
                                      "(HORA_WITH_CUDA=1, NCCL from NCCL_HOME, the system or the "
