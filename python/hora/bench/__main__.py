@@ -1,4 +1,4 @@
-"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,autotune,idle,torch-synthetic}
+"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,autotune,idle,torch-synthetic,gpu-kernels}
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -7,6 +7,10 @@ Run under the launcher, e.g.:
 torch-synthetic (training images/sec with hora.torch.DistributedOptimizer, in
 the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
     python -m hora.bench torch-synthetic --help
+
+gpu-kernels (the CUDA kernels' throughput against a device-to-device copy, on
+one GPU, no launcher needed) too:
+    python -m hora.bench gpu-kernels --help
 """
 
 import argparse
@@ -186,8 +190,10 @@ def build_parser():
     """The command line of ``python -m hora.bench``."""
     parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
-                                                                    "idle", "torch-synthetic"],
-                        help="torch-synthetic has options of its own: torch-synthetic --help")
+                                                                    "idle", "torch-synthetic",
+                                                                    "gpu-kernels"],
+                        help="torch-synthetic and gpu-kernels have options of their own: "
+                             "torch-synthetic --help, gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none)")
@@ -212,6 +218,9 @@ def main(argv=None):
     if argv and argv[0] == "torch-synthetic":
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
+    if argv and argv[0] == "gpu-kernels":
+        from hora.bench import gpu_kernels  # needs torch and a CUDA build
+        return gpu_kernels.main(argv[1:])
     args = build_parser().parse_args(argv)
     args.compare = [c for c in args.compare.split(",") if c and c != "hora"]
     args.collective = args.benchmark

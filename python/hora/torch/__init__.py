@@ -1,7 +1,7 @@
 """hora for PyTorch, a drop-in for ``horovod.torch``.
 
 ``import hora.torch as hvd`` gives the runtime (``init``, ``rank``,
-``size``, ``local_rank``, ...), collectives on CPU ``torch.Tensor`` s
+``size``, ``local_rank``, ...), collectives on CPU and CUDA ``torch.Tensor`` s
 (``allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
 ``reducescatter`` and their grouped, in-place and async variants, several
 of them differentiable), ``DistributedOptimizer``, ``broadcast_parameters``,

@@ -1,9 +1,10 @@
 """Collectives on ``torch.Tensor`` with Horovod's names and semantics.
 
 Every function here is collective: all ranks must call it, with matching
-names (unnamed calls are matched by call order). Tensors must live on the
-CPU; non-contiguous tensors are copied (the in-place variants copy the
-result back). Argument errors raise ``ValueError``/``TypeError`` at once;
+names (unnamed calls are matched by call order). Tensors live on the CPU
+or on a CUDA GPU (through NCCL in a CUDA build, ordered against torch's
+current stream; copied through host memory otherwise); non-contiguous
+tensors are copied (the in-place variants copy the result back). Argument errors raise ``ValueError``/``TypeError`` at once;
 ranks that disagree about a collective (shape, dtype, op, ...) get
 :class:`hora.HoraMismatchError` on every rank.
 
@@ -47,7 +48,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     / :func:`synchronize`; ``synchronize`` returns a new tensor with the
     reduction. ``op`` defaults to Average (``average`` is the deprecated
     spelling: True means Average, False Sum). Raises ``ValueError`` for a
-    non-CPU tensor, an unknown or unsupported op (Adasum) or a process set,
+    tensor on a device other than CPU or CUDA, an unknown or unsupported op (Adasum) or a process set,
     ``TypeError`` for an unsupported dtype. Not differentiable."""
     check_process_set(process_set, "allreduce_async")
     op = resolve_op(average, op, "allreduce_async")
@@ -69,7 +70,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     the same allreduce of the incoming gradients (for Min/Max it flows to
     the ranks holding the extreme, shared equally on ties; for Product to
     every rank as the product of the others). Raises ``ValueError`` for a
-    non-CPU tensor, a bad op or a process set, ``TypeError`` for an
+    tensor on a device other than CPU or CUDA, a bad op or a process set, ``TypeError`` for an
     unsupported dtype, :class:`hora.HoraMismatchError` when ranks disagree."""
     check_process_set(process_set, "allreduce")
     op = resolve_op(average, op, "allreduce")

@@ -99,7 +99,7 @@ class SyncBatchNorm(_BatchNorm):
     Arguments and defaults are BatchNorm's: ``num_features``, ``eps=1e-5``,
     ``momentum=0.1`` (None: cumulative average), ``affine=True``,
     ``track_running_stats=True``. Takes input of shape ``(N, C, ...)``;
-    fewer than 2 dimensions raise ``ValueError``, as do non-CPU input and
+    fewer than 2 dimensions raise ``ValueError``, as do input on a device other than CPU or CUDA and
     a global batch with a single value per channel in training. Training-mode
     forward and backward are collectives: every rank must run them.
     """

@@ -1,0 +1,141 @@
+"""hora.torch collectives on CUDA tensors in a one-rank job, against
+references computed on the CPU: every op and dtype, scaling, fusion of many
+odd-sized tensors, the data-movement collectives, and stream ordering. With a
+CUDA build they run through NCCL; without one, through host staging."""
+import warnings
+
+import pytest
+import torch
+
+import hora.torch as hvd
+
+DEVICE = "cuda"
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64, torch.bool]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+OPS = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+
+
+def ramp(count, dtype):
+    if dtype == torch.bool:
+        return (torch.arange(count) % 3 == 0).to(DEVICE)
+    if dtype == torch.uint8:
+        return (torch.arange(count) % 200).to(dtype).to(DEVICE)
+    return (torch.arange(count, dtype=torch.float64) % 97 - 40).to(dtype).to(DEVICE)
+
+
+def same(actual, expected):
+    assert actual.device.type == "cuda", actual.device
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert torch.equal(actual.cpu(), expected.cpu()), (actual, expected)
+
+
+@pytest.fixture(autouse=True)
+def quiet_staging():
+    # Without a CUDA build the first GPU collective warns once; that is
+    # checked on its own below.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_every_dtype_and_op(dtype, op):
+    if dtype == torch.bool and op == hvd.Average:
+        pytest.skip("Average is not defined for bool")
+    x = ramp(1001, dtype)
+    same(hvd.allreduce(x, op=op, name=f"ar.{dtype}.{op}"), x)
+    y = x.clone()
+    hvd.allreduce_(y, op=op, name=f"ar_.{dtype}.{op}")
+    same(y, x)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_pre_and_post_scaling(dtype):
+    x = ramp(513, dtype)
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name=f"sc.{dtype}")
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    expected = ((x.cpu().to(compute) * 2.0).to(dtype).to(compute) * 0.25).to(dtype)
+    same(out, expected.to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int16, torch.int64])
+def test_grouped_allreduce_of_odd_sized_views_is_fused(dtype):
+    base = ramp(5000, dtype)
+    # Views at odd offsets and sizes: the packing kernel's unaligned paths.
+    tensors = [base[1 + 13 * k: 1 + 13 * k + 3 + k] for k in range(120)] + [ramp(0, dtype)]
+    outputs = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"grouped.{dtype}")
+    for x, out in zip(tensors, outputs):
+        same(out, x)
+    outputs = hvd.grouped_allreduce(tensors, op=hvd.Average, name=f"grouped.avg.{dtype}")
+    for x, out in zip(tensors, outputs):
+        same(out, x)
+
+
+def test_many_async_allreduces_complete_in_order():
+    xs = [ramp(100 + k, torch.float32) * (k + 1) for k in range(64)]
+    handles = [hvd.allreduce_async(x, op=hvd.Sum, name=f"async.{k}") for k, x in enumerate(xs)]
+    for x, h in zip(xs, handles):
+        same(hvd.synchronize(h), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allgather_broadcast_alltoall_reducescatter(dtype):
+    x = ramp(7 * 5, dtype).reshape(7, 5)
+    same(hvd.allgather(x, name=f"ag.{dtype}"), x)
+    same(hvd.broadcast(x, 0, name=f"bc.{dtype}"), x)
+    y = x.clone()
+    hvd.broadcast_(y, 0, name=f"bc_.{dtype}")
+    same(y, x)
+    out, received = hvd.alltoall(x, splits=torch.tensor([7]), name=f"a2a.{dtype}")
+    same(out, x)
+    assert received.tolist() == [7]
+    if dtype != torch.bool:
+        same(hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{dtype}"), x)
+
+
+def test_empty_and_scalar_tensors():
+    same(hvd.allreduce(torch.ones((), device=DEVICE), op=hvd.Sum, name="scalar"),
+         torch.ones((), device=DEVICE))
+    same(hvd.allgather(torch.empty(0, 3, device=DEVICE), name="empty.ag"),
+         torch.empty(0, 3, device=DEVICE))
+
+
+def test_the_collective_waits_for_the_kernel_that_produces_its_input():
+    """Would fail if the core read the tensor before the producing kernel
+    ran, or if a kernel queued after the collective on the caller's stream
+    ran before the result was written."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x = torch.zeros(1 << 22, device=DEVICE)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning queued before the fill
+        x.fill_(1.0)
+        out = hvd.allreduce(x, op=hvd.Sum, name="ordered")
+        doubled = out * 2  # queued on the same stream, no synchronization
+    torch.cuda.synchronize()
+    assert torch.all(doubled == 2.0).item()
+
+
+def test_output_and_input_on_different_devices_is_a_clear_error():
+    from hora._loader import _C
+    from hora.torch._collectives import KIND_ALLREDUCE
+    if hvd.cuda_built():
+        expected = "the output is in host memory but the input is in GPU 0"
+    else:
+        expected = "lives on a GPU, but this build of hora has no GPU support"
+    with pytest.raises(ValueError, match=expected):
+        _C.submit(KIND_ALLREDUCE, ["mixed"], [torch.ones(3, device=DEVICE)], [torch.ones(3)])
+
+
+def test_staging_warns_once_without_a_cuda_build():
+    if hvd.cuda_built():
+        pytest.skip("this build has NCCL; staging is for builds without GPU support")
+    import hora.torch._collectives as collectives
+    collectives._staging_warned = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.allreduce(torch.ones(3, device=DEVICE), name="staged.1")
+        hvd.allreduce(torch.ones(3, device=DEVICE), name="staged.2")
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "HORA_WITH_CUDA=1" in messages[0], messages

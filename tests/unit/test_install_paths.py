@@ -1,0 +1,35 @@
+"""Every install path goes through scripts/install.sh: the README's two
+commands, CI, and both container images, so CI exercises the steps the
+images run."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    assert "bash scripts/run_tests.sh" in readme and "bash scripts/run_demo.sh" in readme
+    assert "exec bash scripts/run_tests.sh" in (ROOT / ".ci" / "run").read_text()
+    for script in ("run_tests.sh", "run_demo.sh"):
+        assert "bash scripts/install.sh" in (ROOT / "scripts" / script).read_text(), script
+
+
+def test_every_dockerfile_installs_through_the_install_script():
+    dockerfiles = sorted((ROOT / "docker").glob("Dockerfile.*"))
+    assert [d.name for d in dockerfiles] == ["Dockerfile.cpu", "Dockerfile.cuda"]
+    for dockerfile in dockerfiles:
+        text = dockerfile.read_text()
+        runs = [line for line in text.splitlines()
+                if "scripts/install.sh" in line and not line.startswith("#")]
+        assert len(runs) == 1 and runs[0].startswith("RUN "), dockerfile.name
+        assert "COPY . ." in text, dockerfile.name
+        # no second, hand-written pip install of hora next to the script
+        assert not re.search(r"pip install[^\n]*\s\.(\s|$|\[)", text), dockerfile.name
+    cuda = (ROOT / "docker" / "Dockerfile.cuda").read_text()
+    assert "HORA_WITH_CUDA=1" in cuda
+
+
+def test_the_install_script_prepares_cuda_builds():
+    text = (ROOT / "scripts" / "install.sh").read_text()
+    assert "nvidia-nccl-cu$major" in text and "HORA_WITH_CUDA" in text
