@@ -171,16 +171,24 @@ void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, b
 }
 
 // Checks the request and makes the engine's entry for it, linked to `w`.
-TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, uintptr_t stream) {
+// `stream` is the caller's CUDA stream for GPU tensors; -1 means the caller
+// (hora's framework-neutral functions) cannot say which stream produced the
+// data, so GPU memory is refused rather than read out of order.
+TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t stream) {
   const TensorView& in = w->input->view();
   Validate(r, in, w->output ? &w->output->view() : nullptr, size);
   TensorEntry entry;
+  if (in.device >= 0 && stream < 0) {
+    ThrowValueError(Describe(r) + ": the tensor is in GPU memory, but this function takes host "
+                    "memory (it cannot know which CUDA stream produces the data); use a framework "
+                    "adapter such as hora.torch for GPU tensors");
+  }
   if (in.device >= 0) {
     // The engine's work on this tensor starts after what the caller has
     // queued on its stream so far (the kernels producing it).
     Status status = gpu::RecordReady(in.device, stream, &entry.ready);
     if (!status.ok()) ThrowValueError("tensor '" + r.name + "' " + status.message());
-    entry.stream = stream;
+    entry.stream = static_cast<uintptr_t>(stream);
   }
   entry.request = std::move(r);
   entry.input = in;
@@ -194,7 +202,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
                                             py::list inputs, py::object outputs, int op, int root,
                                             double prescale, double postscale, py::object splits,
                                             const std::vector<int>& dtypes, bool grouped,
-                                            const std::string& site, uintptr_t stream) {
+                                            const std::string& site, int64_t stream) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   const int size = engine->topology().size;
   if (static_cast<size_t>(py::len(inputs)) != names.size() ||
@@ -251,7 +259,8 @@ py::list Submit(int kind, const std::vector<std::string>& names,
 // One tensor, in place or into an owned result: the common case of the
 // framework adapters, without the list conversions of Submit.
 py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool in_place, int op,
-                     double prescale, double postscale, int dtype, const std::string& site) {
+                     double prescale, double postscale, int dtype, const std::string& site,
+                     int64_t stream) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   Request r;
   r.name = name;
@@ -266,7 +275,7 @@ py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool 
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
   std::vector<TensorEntry> entries;
-  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, 0));
+  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
   Status status = engine->Enqueue(std::move(entries));
   if (!status.ok()) ThrowStatus(status);
   w->enqueued = true;
@@ -316,10 +325,10 @@ void RegisterOps(py::module_& m) {
         py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
         py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
         py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false,
-        py::arg("site") = std::string(), py::arg("stream") = 0);
+        py::arg("site") = std::string(), py::arg("stream") = -1);
   m.def("submit_one", &SubmitOne, py::arg("kind"), py::arg("name"), py::arg("tensor"),
         py::arg("in_place"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
-        py::arg("dtype"), py::arg("site"));
+        py::arg("dtype"), py::arg("site"), py::arg("stream") = -1);
   // Whether submissions should say where they come from (debug log level).
   m.def("records_call_sites",
         [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });

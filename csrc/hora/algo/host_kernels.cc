@@ -11,9 +11,9 @@ namespace {
 
 template <typename T>
 void DivideTyped(void* buf, int64_t count, int64_t divisor) {
+  // In 64 bits: the divisor (a rank count) may not fit in T.
   T* b = static_cast<T*>(buf);
-  const T d = static_cast<T>(divisor);
-  for (int64_t i = 0; i < count; ++i) b[i] = static_cast<T>(b[i] / d);
+  for (int64_t i = 0; i < count; ++i) b[i] = static_cast<T>(static_cast<int64_t>(b[i]) / divisor);
 }
 
 template <typename T>

@@ -152,10 +152,8 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   Phases phases;
   phases.start = Timeline::Clock::now();
   std::vector<TensorEntry> entries(batch_size);
-  std::vector<bool> present(batch_size);
-  for (size_t k = 0; k < batch_size; ++k) {
-    present[k] = queue_->TakeEntry(batch[k].name, &entries[k]);
-  }
+  std::vector<bool> present;
+  queue_->TakeEntries(batch, batch_size, entries.data(), &present);
   const Response& head = batch[0];
   const DataType wire = WireType(head.dtype);
   const int64_t element = DataTypeSize(wire);
@@ -253,8 +251,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
 
 Status Executor::Gpu(const TensorEntry* entry, GpuBackend** out) {
   if (!gpu_) {
-    int device = entry != nullptr ? entry->input.device : -1;
-    if (device < 0) HORA_RETURN_IF_ERROR(gpu::DefaultDevice(comm_->topology().local_rank, &device));
+    // -1 (a rank that has joined): the backend picks the device itself, in
+    // the step whose failures every rank learns about.
+    const int device = entry != nullptr ? entry->input.device : -1;
     HORA_RETURN_IF_ERROR(gpu::CreateBackend(comm_, config_, device, &gpu_));
   }
   *out = gpu_.get();

@@ -1,31 +1,46 @@
 #include "hora/core/tensor_queue.h"
 
-#include <unordered_set>
 
 namespace hora {
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
+  // The copies the engine negotiates with, and the map keys, are made before
+  // taking the lock, so a caller submitting a burst holds it only briefly
+  // while the engine takes entries out.
+  std::vector<Request> requests;
+  requests.reserve(entries.size());
+  for (const TensorEntry& e : entries) requests.push_back(e.request);
+  bool first_new = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
-    std::unordered_set<std::string> seen;  // only for several entries at once
-    for (const TensorEntry& e : entries) {
-      const std::string& name = e.request.name;
-      if (entries_.count(name) != 0 || (entries.size() > 1 && !seen.insert(name).second)) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::string& name = requests[i].name;
+      bool repeated = entries_.count(name) != 0;
+      for (size_t j = 0; j < i && !repeated; ++j) repeated = requests[j].name == name;
+      if (repeated) {
         return Status::InvalidArgument(
             "a collective named '" + name +
             "' is already in flight on this rank; wait for it to finish or use another name");
       }
     }
-    for (TensorEntry& e : entries) {
-      new_requests_.push_back(e.request);
-      std::string name = e.request.name;
-      entries_.emplace(std::move(name), std::move(e));
+    first_new = new_requests_.empty();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      entries_.emplace(requests[i].name, std::move(entries[i]));
+    }
+    if (new_requests_.empty()) {
+      new_requests_.swap(requests);
+    } else {
+      for (Request& r : requests) new_requests_.push_back(std::move(r));
     }
     has_new_.store(!new_requests_.empty(), std::memory_order_release);
     in_flight_.store(entries_.size(), std::memory_order_release);
   }
-  on_new_work_();
+  // Only the first request since the engine last took them needs to wake
+  // it: until it takes them it will find the later ones too. A burst of
+  // submissions (a backward pass) then costs one wake-up, not one system
+  // call and engine wake-up per tensor.
+  if (first_new) on_new_work_();
   return Status::OK();
 }
 
@@ -44,6 +59,20 @@ bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
   entries_.erase(it);
   in_flight_.store(entries_.size(), std::memory_order_release);
   return true;
+}
+
+void TensorQueue::TakeEntries(const Response* batch, size_t count, TensorEntry* out,
+                              std::vector<bool>* present) {
+  present->assign(count, false);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t k = 0; k < count; ++k) {
+    auto it = entries_.find(batch[k].name);
+    if (it == entries_.end()) continue;
+    out[k] = std::move(it->second);
+    entries_.erase(it);
+    (*present)[k] = true;
+  }
+  in_flight_.store(entries_.size(), std::memory_order_release);
 }
 
 void TensorQueue::FailAll(const Status& status) {

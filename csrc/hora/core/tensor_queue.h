@@ -35,7 +35,9 @@ class TensorQueue {
   explicit TensorQueue(std::function<void()> on_new_work) : on_new_work_(std::move(on_new_work)) {}
 
   // Adds all entries or none (a group must not be half-submitted). Fails
-  // with InvalidArgument if a name is already in flight or repeated.
+  // with InvalidArgument if a name is already in flight or repeated. Calls
+  // on_new_work only when these are the first new requests since the last
+  // TakeNewRequests.
   Status Add(std::vector<TensorEntry> entries);
   void TakeNewRequests(std::vector<Request>* out);
   // Lock-free: the engine asks on every pass of its loop, and taking the
@@ -46,6 +48,10 @@ class TensorQueue {
   // Removes and returns the entry; false if this rank never submitted it
   // (a rank that has joined runs allreduces it did not submit).
   bool TakeEntry(const std::string& name, TensorEntry* out);
+  // TakeEntry for every response of a fused batch under one lock;
+  // (*present)[k] says whether batch[k] was submitted here.
+  void TakeEntries(const Response* batch, size_t count, TensorEntry* out,
+                   std::vector<bool>* present);
   // Fails every entry still in flight, e.g. when the engine stops.
   void FailAll(const Status& status);
   // Refuses further Add calls with this status.

@@ -41,9 +41,10 @@ namespace gpu {
 
 // Whether this build has the CUDA/NCCL path.
 bool BuiltIn();
-// Collective over `comm`: sets up NCCL on `device` (checking first that no
-// two ranks of a host share one GPU). Called on the engine thread when the
-// first GPU collective runs, which is the same response on every rank.
+// Collective over `comm`: sets up NCCL on `device` (-1: DefaultDevice),
+// checking first that no two ranks of a host share one GPU. Called on the
+// engine thread when the first GPU collective runs, which is the same
+// response on every rank; a failure on any rank fails it on all of them.
 Status CreateBackend(Communicator* comm, const Config& config, int device,
                      std::unique_ptr<GpuBackend>* out);
 // The GPU a rank that has joined (and so has no tensor of its own) uses:

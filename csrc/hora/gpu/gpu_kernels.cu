@@ -65,7 +65,7 @@ __global__ void ScaledCopyKernel(TaskBatch batch, double scale, int64_t divisor)
       const C v = Traits<In>::Load(src[i]) * static_cast<C>(scale);
       dst[i] = Traits<Out>::Store(static_cast<typename Traits<Out>::Compute>(v));
     } else {
-      dst[i] = static_cast<Out>(src[i] / static_cast<In>(divisor));
+      dst[i] = static_cast<Out>(static_cast<int64_t>(src[i]) / divisor);
     }
   }
 }

@@ -75,6 +75,7 @@ Status RecordReady(int device, uintptr_t stream, std::shared_ptr<void>* event) {
   const cudaError_t error = cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream));
   if (error != cudaSuccess) {
     Pool().Give(device, e);
+    cudaGetLastError();
     return CudaStatus(error, "cudaEventRecord on the caller's stream");
   }
   *event = std::shared_ptr<void>(e, [device](void* p) { Pool().Give(device, static_cast<cudaEvent_t>(p)); });
@@ -83,7 +84,11 @@ Status RecordReady(int device, uintptr_t stream, std::shared_ptr<void>* event) {
 
 Status PointerDevice(const void* pointer, int* device) {
   cudaPointerAttributes attributes{};
-  HORA_CUDA(cudaPointerGetAttributes(&attributes, pointer));
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(error, "cudaPointerGetAttributes");
+  }
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
     return Status::InvalidArgument("the pointer is not GPU memory");
   }
@@ -97,9 +102,16 @@ Status DefaultDevice(int local_rank, int* device) {
     return Status::OK();
   }
   int count = 0;
-  HORA_CUDA(cudaGetDeviceCount(&count));
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(error, "cudaGetDeviceCount");
+  }
   if (count == 0) return Status::InvalidArgument("no CUDA device is visible to this rank");
-  *device = local_rank % count;
+  // Later GPU tensors of this process must be on the device NCCL now uses.
+  int expected = -1;
+  g_device.compare_exchange_strong(expected, local_rank % count);
+  *device = g_device.load();
   return Status::OK();
 }
 

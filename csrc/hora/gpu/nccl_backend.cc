@@ -125,8 +125,6 @@ Status NcclBackend::Create(Communicator* comm, const Config& config, int device,
 
 Status NcclBackend::Init(const Config& config) {
   HORA_RETURN_IF_ERROR(CheckDistinctDevices());
-  HORA_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  HORA_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   HORA_RETURN_IF_ERROR(InitComm(comm_, &nccl_));
   const Topology& t = comm_->topology();
   hierarchical_ = config.gpu_hierarchical_allreduce && t.cross_size > 1 && t.homogeneous &&
@@ -145,18 +143,23 @@ Status NcclBackend::CheckDistinctDevices() {
   // a failure anywhere becomes the same error everywhere instead of a hang.
   DeviceCard mine{};
   mine.rank = comm_->rank();
-  mine.device = device_;
   mine.host = HashName(comm_->topology().hostname);
-  Status local = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  Status local;
+  if (device_ < 0) local = DefaultDevice(comm_->topology().local_rank, &device_);
+  mine.device = device_;
+  if (local.ok()) local = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   cudaDeviceProp properties{};
   if (local.ok()) local = CudaStatus(cudaGetDeviceProperties(&properties, device_), "cudaGetDeviceProperties");
   if (local.ok()) std::memcpy(mine.uuid, &properties.uuid, sizeof(mine.uuid));
+  if (local.ok()) local = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (local.ok()) local = CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  if (!local.ok()) cudaGetLastError();
   mine.ok = local.ok() ? 1 : 0;
   const int size = comm_->size();
   std::vector<DeviceCard> cards(size);
   HORA_RETURN_IF_ERROR(comm_->Allgatherv(&mine, sizeof(mine), cards.data(),
                                          std::vector<int64_t>(size, sizeof(DeviceCard))));
-  if (!local.ok()) return local.WithContext("setting up GPU " + std::to_string(device_));
+  if (!local.ok()) return local.WithContext("setting up this rank's GPU");
   std::ostringstream failed;
   for (const DeviceCard& c : cards) {
     if (!c.ok) failed << (failed.tellp() > 0 ? ", " : "") << c.rank;
@@ -197,6 +200,7 @@ Status NcclBackend::InitComm(Communicator* over, ncclComm_t* out) {
 }
 
 NcclBackend::~NcclBackend() {
+  if (device_ < 0) return;
   DeviceGuard guard(device_);
   // Let queued collectives finish (the callers may not have read them yet);
   // past ten seconds the peers are gone, and abort ends NCCL's kernels.
@@ -259,19 +263,27 @@ Status NcclBackend::Scratch(int64_t bytes, char** out) {
   return Status::OK();
 }
 
-Status NcclBackend::AllocateOutput(int64_t bytes, uintptr_t caller_stream,
-                                   std::shared_ptr<DeviceBuffer>* out) {
+Status NcclBackend::AllocateOutput(int64_t bytes, std::shared_ptr<DeviceBuffer>* out) {
   auto buffer = std::make_shared<DeviceBuffer>();
   HORA_CUDA(cudaMallocAsync(&buffer->data, bytes > 0 ? bytes : 1, stream_));
   buffer->bytes = bytes;
   buffer->device = device_;
+  // Until it is handed over, only our stream has used it: a collective that
+  // fails half-way frees it in order after whatever was queued on it.
+  cudaStream_t stream = stream_;
+  buffer->release = [stream](void* p) { cudaFreeAsync(p, stream); };
+  *out = std::move(buffer);
+  return Status::OK();
+}
+
+void NcclBackend::HandOver(DeviceBuffer* buffer, uintptr_t caller_stream) {
+  // The caller's stream has been made to wait for our work on the buffer,
+  // and it is where the caller will use it: free it in order there.
   const int device = device_;
   buffer->release = [device, caller_stream](void* p) {
     DeviceGuard guard(device);
     cudaFreeAsync(p, reinterpret_cast<cudaStream_t>(caller_stream));
   };
-  *out = std::move(buffer);
-  return Status::OK();
 }
 
 Status NcclBackend::Copy(const void* src, void* dst, int64_t count, DataType in, DataType out,
@@ -303,11 +315,12 @@ Status NcclBackend::Reduce(const char* send, char* recv, int64_t count, DataType
   char* my_shard = work + local->rank() * shard * element;
   HORA_NCCL(ncclReduceScatter(work, my_shard, shard, type, nccl_op, local_, stream_), local_);
   const bool widen = IsHalf(wire);
-  host_.resize(shard * (element + (widen ? 4 : 0)));
+  host_.resize(shard * element);
   HORA_CUDA(cudaMemcpyAsync(host_.data(), my_shard, shard * element, cudaMemcpyDeviceToHost, stream_));
   HORA_CUDA(cudaStreamSynchronize(stream_));  // our stream only: MPI needs the bytes now
   if (widen) {
-    float* wide = reinterpret_cast<float*>(host_.data() + shard * element);
+    wide_.resize(shard);
+    float* wide = wide_.data();
     WidenToFloat(host_.data(), wide, shard, wire, 1.0);
     HORA_RETURN_IF_ERROR(comm_->cross()->Allreduce(nullptr, wide, shard, DataType::kFloat32, op));
     NarrowFromFloat(wide, host_.data(), shard, wire, 1.0);
@@ -385,7 +398,7 @@ Status NcclBackend::Allgather(const Response& r, TensorEntry& e) {
     equal = equal && r.first_dims[k] == r.first_dims[0];
   }
   std::shared_ptr<DeviceBuffer> out;
-  HORA_RETURN_IF_ERROR(AllocateOutput(total_rows * row_bytes, e.stream, &out));
+  HORA_RETURN_IF_ERROR(AllocateOutput(total_rows * row_bytes, &out));
   char* recv = static_cast<char*>(out->data);
   if (equal) {
     if (total_rows > 0) {
@@ -405,10 +418,12 @@ Status NcclBackend::Allgather(const Response& r, TensorEntry& e) {
     }
     HORA_RETURN_IF_ERROR(group.End());
   }
+  HORA_RETURN_IF_ERROR(ReleaseCallers(&e, 1, nullptr));
+  HandOver(out.get(), e.stream);
   e.work->device_output = std::move(out);
   e.work->output_shape = e.input.shape;
   e.work->output_shape[0] = total_rows;
-  return ReleaseCallers(&e, 1, nullptr);
+  return Status::OK();
 }
 
 Status NcclBackend::Broadcast(const Response& r, TensorEntry& e) {
@@ -436,7 +451,7 @@ Status NcclBackend::Alltoall(const Response& r, TensorEntry& e) {
     received += e.work->received_splits[k] * row_bytes;
   }
   std::shared_ptr<DeviceBuffer> out;
-  HORA_RETURN_IF_ERROR(AllocateOutput(received, e.stream, &out));
+  HORA_RETURN_IF_ERROR(AllocateOutput(received, &out));
   const char* send = static_cast<const char*>(e.input.data);
   char* recv = static_cast<char*>(out->data);
   const int64_t self = r.splits[me * size + me] * row_bytes;
@@ -453,12 +468,14 @@ Status NcclBackend::Alltoall(const Response& r, TensorEntry& e) {
     if (from > 0) group.Add(ncclRecv(recv + recv_offset[k], from, ncclInt8, k, nccl_, stream_), "ncclRecv");
   }
   HORA_RETURN_IF_ERROR(group.End());
+  HORA_RETURN_IF_ERROR(ReleaseCallers(&e, 1, nullptr));
+  HandOver(out.get(), e.stream);
   e.work->device_output = std::move(out);
   e.work->output_shape = e.input.shape;
   int64_t rows = 0;
   for (int64_t s : e.work->received_splits) rows += s;
   e.work->output_shape[0] = rows;
-  return ReleaseCallers(&e, 1, nullptr);
+  return Status::OK();
 }
 
 Status NcclBackend::Reducescatter(const Response& r, TensorEntry& e) {
@@ -483,7 +500,7 @@ Status NcclBackend::Reducescatter(const Response& r, TensorEntry& e) {
   }
   const int64_t mine = counts[me];
   std::shared_ptr<DeviceBuffer> out;
-  HORA_RETURN_IF_ERROR(AllocateOutput(mine * DataTypeSize(dtype), e.stream, &out));
+  HORA_RETURN_IF_ERROR(AllocateOutput(mine * DataTypeSize(dtype), &out));
   const bool stage_in = wire != dtype || r.prescale != 1.0;
   const bool stage_out = wire != dtype;
   char* scratch = nullptr;
@@ -512,10 +529,12 @@ Status NcclBackend::Reducescatter(const Response& r, TensorEntry& e) {
   if (mine > 0 && (stage_out || factor != 1.0 || divisor != 1)) {
     HORA_RETURN_IF_ERROR(Copy(recv, out->data, mine, wire, dtype, factor, divisor));
   }
+  HORA_RETURN_IF_ERROR(ReleaseCallers(&e, 1, nullptr));
+  HandOver(out.get(), e.stream);
   e.work->device_output = std::move(out);
   e.work->output_shape = e.input.shape;
   e.work->output_shape[0] = rows / size + (me < rows % size ? 1 : 0);
-  return ReleaseCallers(&e, 1, nullptr);
+  return Status::OK();
 }
 
 }  // namespace gpu

@@ -39,8 +39,10 @@ class NcclBackend : public GpuBackend {
   Status ReleaseCallers(TensorEntry* entries, size_t count, const std::vector<bool>* present);
   // The persistent device scratch (fusion) buffer, grown on demand.
   Status Scratch(int64_t bytes, char** out);
-  // Result memory for the caller, freed in order on the caller's stream.
-  Status AllocateOutput(int64_t bytes, uintptr_t caller_stream, std::shared_ptr<DeviceBuffer>* out);
+  // Result memory for the caller, allocated in order on our stream; once
+  // HandOver has run it is freed in order on the caller's stream.
+  Status AllocateOutput(int64_t bytes, std::shared_ptr<DeviceBuffer>* out);
+  void HandOver(DeviceBuffer* buffer, uintptr_t caller_stream);
   Status Copy(const void* src, void* dst, int64_t count, DataType in, DataType out, double scale,
               int64_t divisor);
   Status Reduce(const char* send, char* recv, int64_t count, DataType wire, ReduceOp op);
@@ -54,7 +56,8 @@ class NcclBackend : public GpuBackend {
   ncclComm_t local_ = nullptr;  // hierarchical: the ranks of this host
   char* scratch_ = nullptr;
   int64_t scratch_bytes_ = 0;
-  std::vector<char> host_;  // hierarchical: the shard crossing hosts
+  std::vector<char> host_;   // hierarchical: the shard crossing hosts
+  std::vector<float> wide_;  // ... widened to float32 for MPI
   std::vector<CopyTask> tasks_;
   std::vector<CopyTask> back_;
 };

@@ -150,8 +150,12 @@ def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, post
     outputs = None if outputs is None else list(outputs)
     args = (int(op), int(root), float(prescale), float(postscale), splits, [], grouped,
             call_site.describe())
-    stream = 0
-    if inputs and inputs[0].is_cuda:
+    stream = -1  # host tensors
+    on_gpu = [x.is_cuda for x in inputs]
+    if any(on_gpu):
+        if not all(on_gpu):
+            raise ValueError(f"{names[0]}: a grouped collective takes tensors on one kind of "
+                             f"device; these mix CPU and CUDA tensors")
         if not _core_has_gpu():
             return _submit_staged(kind, names, inputs, outputs, args)
         stream = torch.cuda.current_stream(inputs[0].device).cuda_stream

@@ -3,7 +3,8 @@
 A compressor turns a tensor into the form that travels between ranks and
 back. ``Compression.none`` sends tensors as they are; ``Compression.fp16``
 and ``Compression.bf16`` send floating-point tensors as 16-bit floats (the
-reduction itself accumulates in float32 in the core) and restore the
+reduction accumulates in float32 for CPU tensors; NCCL reduces CUDA tensors
+in 16 bits, as Horovod does) and restore the
 original dtype afterwards. Non-floating-point tensors pass through
 unchanged.
 """
