@@ -244,7 +244,10 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
         (batch_size > 1 ? " (fused with " + std::to_string(batch_size - 1) + " more)" : ""));
   }
   for (size_t k = 0; k < batch_size; ++k) {
-    if (present[k]) entries[k].work->Complete(status);
+    if (present[k]) entries[k].work->MarkDone(status);
+  }
+  for (size_t k = 0; k < batch_size; ++k) {
+    if (present[k]) entries[k].work->Notify();
   }
   return status;
 }

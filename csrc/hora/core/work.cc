@@ -10,14 +10,18 @@ std::atomic<int> g_waiters{0};
 int Work::Waiters() { return g_waiters.load(std::memory_order_relaxed); }
 
 void Work::Complete(const Status& status) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_) return;
-    status_ = status;
-    done_ = true;
-  }
-  done_cv_.notify_all();
+  MarkDone(status);
+  Notify();
 }
+
+void Work::MarkDone(const Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_) return;
+  status_ = status;
+  done_ = true;
+}
+
+void Work::Notify() { done_cv_.notify_all(); }
 
 Status Work::Wait() {
   std::unique_lock<std::mutex> lock(mutex_);

@@ -15,6 +15,12 @@ namespace hora {
 class Work {
  public:
   void Complete(const Status& status);
+  // Complete in two steps, for a batch: mark every Work done first, then
+  // wake the waiters. A caller waiting on the batch's first Work then finds
+  // the others done, instead of sleeping and being woken once per Work
+  // (two context switches each on a core shared with the engine).
+  void MarkDone(const Status& status);
+  void Notify();
   // Blocks until completion. Never call with the Python GIL held.
   Status Wait();
   bool Poll() const;
