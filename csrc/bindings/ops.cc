@@ -274,9 +274,8 @@ py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool 
   }
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
-  std::vector<TensorEntry> entries;
-  entries.push_back(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
-  Status status = engine->Enqueue(std::move(entries));
+  Status status =
+      engine->EnqueueOne(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
   if (!status.ok()) ThrowStatus(status);
   w->enqueued = true;
   return py::cast(std::move(w));

@@ -123,8 +123,8 @@ TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
 TensorArg::~TensorArg() { Release(); }
 
 void TensorArg::Release() {
-  if (buffer_) PyBuffer_Release(buffer_.get());
-  buffer_.reset();
+  if (has_buffer_) PyBuffer_Release(&buffer_);
+  has_buffer_ = false;
   if (managed_ != nullptr && managed_->deleter != nullptr) managed_->deleter(managed_);
   managed_ = nullptr;
   keep_alive_ = py::object();
@@ -169,13 +169,12 @@ bool TensorArg::FromCudaArrayInterface(py::handle object, bool writable, const A
 
 bool TensorArg::FromBuffer(py::handle object, bool writable, const ArgName& what) {
   if (!PyObject_CheckBuffer(object.ptr())) return false;
-  buffer_.reset(new Py_buffer());
-  if (PyObject_GetBuffer(object.ptr(), buffer_.get(), PyBUF_RECORDS_RO) != 0) {
-    buffer_.reset();
+  if (PyObject_GetBuffer(object.ptr(), &buffer_, PyBUF_RECORDS_RO) != 0) {
     PyErr_Clear();
     return false;
   }
-  const Py_buffer& b = *buffer_;
+  has_buffer_ = true;
+  const Py_buffer& b = buffer_;
   if (writable && b.readonly) {
     ThrowValueError(what.str() + " is read-only, but this collective writes its result into it");
   }

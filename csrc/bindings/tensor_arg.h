@@ -42,7 +42,8 @@ class TensorArg {
   void Release();
 
   TensorView view_;
-  std::unique_ptr<Py_buffer> buffer_;
+  Py_buffer buffer_{};  // held while has_buffer_
+  bool has_buffer_ = false;
   dlpack::ManagedTensor* managed_ = nullptr;
   pybind11::object keep_alive_;  // the exporter of __cuda_array_interface__ memory
 };

@@ -34,6 +34,7 @@ class Engine {
   ~Engine();
 
   Status Enqueue(std::vector<TensorEntry> entries);
+  Status EnqueueOne(TensorEntry entry) { return queue_.AddOne(std::move(entry)); }
   // Starts this rank's join; the Work completes once every rank has joined,
   // with join_last_rank set.
   Status Join(std::shared_ptr<Work>* work);

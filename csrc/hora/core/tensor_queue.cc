@@ -44,6 +44,27 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   return Status::OK();
 }
 
+Status TensorQueue::AddOne(TensorEntry entry) {
+  Request request = entry.request;  // copied outside the lock
+  bool first_new = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return closed_status_;
+    auto inserted = entries_.emplace(request.name, std::move(entry));
+    if (!inserted.second) {
+      return Status::InvalidArgument(
+          "a collective named '" + request.name +
+          "' is already in flight on this rank; wait for it to finish or use another name");
+    }
+    first_new = new_requests_.empty();
+    new_requests_.push_back(std::move(request));
+    has_new_.store(true, std::memory_order_release);
+    in_flight_.store(entries_.size(), std::memory_order_release);
+  }
+  if (first_new) on_new_work_();
+  return Status::OK();
+}
+
 void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   out->swap(new_requests_);

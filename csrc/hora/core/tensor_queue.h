@@ -39,6 +39,8 @@ class TensorQueue {
   // on_new_work only when these are the first new requests since the last
   // TakeNewRequests.
   Status Add(std::vector<TensorEntry> entries);
+  // The same for one entry, without the vectors (the per-gradient path).
+  Status AddOne(TensorEntry entry);
   void TakeNewRequests(std::vector<Request>* out);
   // Lock-free: the engine asks on every pass of its loop, and taking the
   // mutex there would fight the caller threads adding work.
