@@ -22,9 +22,8 @@ fi
 truthy() { case "${1:-}" in 1|ON|on|On|TRUE|true|True|YES|yes) return 0;; *) return 1;; esac; }
 nvcc_major() {
   local nvcc
-  nvcc="$(command -v nvcc || true)"
-  [ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; } || true
-  [ -n "$nvcc" ] || return 1
+  nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  [ -x "$nvcc" ] || return 1
   "$nvcc" --version | sed -n 's/.*release \([0-9][0-9]*\)\..*/\1/p'
 }
 if truthy "${HORA_WITH_CUDA:-}" || truthy "${HORA_NCCL_WHEEL:-}"; then

@@ -10,6 +10,20 @@ collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel", "tf_parallel"
 
 
 @pytest.fixture
+def rank():
+    """This rank, in the multi-rank suites (after their session fixture's init)."""
+    import hora
+    return hora.rank()
+
+
+@pytest.fixture
+def size():
+    """The world size, in the multi-rank suites."""
+    import hora
+    return hora.size()
+
+
+@pytest.fixture
 def job_env():
     """This environment without the rank variables of any MPI job the tests
     themselves run in, so that a job a test starts is a fresh one."""

@@ -178,12 +178,12 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
   const TensorView& in = w->input->view();
   Validate(r, in, w->output ? &w->output->view() : nullptr, size);
   TensorEntry entry;
-  if (in.device >= 0 && stream < 0) {
-    ThrowValueError(Describe(r) + ": the tensor is in GPU memory, but this function takes host "
-                    "memory (it cannot know which CUDA stream produces the data); use a framework "
-                    "adapter such as hora.torch for GPU tensors");
-  }
   if (in.device >= 0) {
+    if (stream < 0) {
+      ThrowValueError(Describe(r) + ": the tensor is in GPU memory, but this function takes host "
+                      "memory (it cannot know which CUDA stream produces the data); use a "
+                      "framework adapter such as hora.torch for GPU tensors");
+    }
     // The engine's work on this tensor starts after what the caller has
     // queued on its stream so far (the kernels producing it).
     Status status = gpu::RecordReady(in.device, stream, &entry.ready);

@@ -63,16 +63,6 @@ def hora_session():
 
 
 @pytest.fixture
-def rank():
-    return hora.rank()
-
-
-@pytest.fixture
-def size():
-    return hora.size()
-
-
-@pytest.fixture
 def restart_hora():
     """``restart_hora(NAME=value, ...)`` runs hora anew with these settings
     (every rank calls it at the same point). Afterwards the job's own

@@ -4,22 +4,15 @@ horarun (driven by tests/test_tensorflow_suite.py). Inputs are made from
 itself."""
 
 import os
-import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from rank_inputs import rank_values  # noqa: E402,F401 (the tests import it from here)
 
 tf = pytest.importorskip("tensorflow")
 
 import hora.tensorflow as hvd  # noqa: E402
-
-
-def rank_values(tag, rank, shape, dtype=np.float32):
-    """Small exactly representable values, different for each (tag, rank)."""
-    rng = np.random.default_rng(zlib.crc32(f"{tag}/{rank}".encode()))
-    return (rng.integers(-4, 5, size=shape) / 2).astype(dtype)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,16 +21,6 @@ def hora_session():
     hvd.init()
     yield
     hvd.shutdown()
-
-
-@pytest.fixture
-def rank():
-    return hvd.rank()
-
-
-@pytest.fixture
-def size():
-    return hvd.size()
 
 
 @pytest.fixture(params=["eager", "graph"])

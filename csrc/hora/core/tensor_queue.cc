@@ -1,7 +1,17 @@
 #include "hora/core/tensor_queue.h"
 
+#include <unordered_set>
 
 namespace hora {
+namespace {
+
+Status InFlight(const std::string& name) {
+  return Status::InvalidArgument(
+      "a collective named '" + name +
+      "' is already in flight on this rank; wait for it to finish or use another name");
+}
+
+}  // namespace
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // The copies the engine negotiates with, and the map keys, are made before
@@ -9,20 +19,17 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // while the engine takes entries out.
   std::vector<Request> requests;
   requests.reserve(entries.size());
-  for (const TensorEntry& e : entries) requests.push_back(e.request);
+  std::unordered_set<std::string> names;
+  for (const TensorEntry& e : entries) {
+    requests.push_back(e.request);
+    if (entries.size() > 1 && !names.insert(e.request.name).second) return InFlight(e.request.name);
+  }
   bool first_new = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const std::string& name = requests[i].name;
-      bool repeated = entries_.count(name) != 0;
-      for (size_t j = 0; j < i && !repeated; ++j) repeated = requests[j].name == name;
-      if (repeated) {
-        return Status::InvalidArgument(
-            "a collective named '" + name +
-            "' is already in flight on this rank; wait for it to finish or use another name");
-      }
+    for (const Request& r : requests) {
+      if (entries_.count(r.name) != 0) return InFlight(r.name);
     }
     first_new = new_requests_.empty();
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -51,11 +58,7 @@ Status TensorQueue::AddOne(TensorEntry entry) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     auto inserted = entries_.emplace(request.name, std::move(entry));
-    if (!inserted.second) {
-      return Status::InvalidArgument(
-          "a collective named '" + request.name +
-          "' is already in flight on this rank; wait for it to finish or use another name");
-    }
+    if (!inserted.second) return InFlight(request.name);
     first_new = new_requests_.empty();
     new_requests_.push_back(std::move(request));
     has_new_.store(true, std::memory_order_release);

@@ -177,18 +177,11 @@ def allreduce_async_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0
                      postscale_factor=1.0):
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``, which
     must be a writable contiguous array."""
-    # The hot path of a training step (one call per gradient): plain
-    # NumPy float arrays with a str name skip the general checks.
-    if name.__class__ is not str:
-        name = _check_name(name, "allreduce")
-    if tensor.__class__ is np.ndarray and tensor.dtype.kind != "V":
-        wire, dtype = tensor, -1
-    else:
-        _check_writable_array(tensor, "allreduce_", name)
-        wire, dtype = _wire(tensor)
+    name = _check_name(name, "allreduce")
+    _check_writable_array(tensor, "allreduce_", name)
+    wire, dtype = _wire(tensor)
     work = _C.submit_one(_KIND_ALLREDUCE, name, wire, True, _check_op(op), float(prescale_factor),
-                         float(postscale_factor), dtype,
-                         call_site.describe() if call_site._enabled else "")
+                         float(postscale_factor), dtype, call_site.describe())
     return Handle([work], _returns(tensor))
 
 
