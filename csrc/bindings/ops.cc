@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -25,8 +26,9 @@ namespace {
 // caller's arrays, so their memory cannot go away while the engine uses it.
 struct PyWork {
   std::shared_ptr<Work> work;
-  std::unique_ptr<TensorArg> input;
-  std::unique_ptr<TensorArg> output;
+  // In place rather than behind pointers: two allocations fewer per submission.
+  std::optional<TensorArg> input;
+  std::optional<TensorArg> output;
   DataType dtype = DataType::kFloat32;
   bool enqueued = false;
 
@@ -100,50 +102,51 @@ std::string Describe(const Request& r) {
 }
 
 void Validate(const Request& r, const TensorView& in, const TensorView* out, int size) {
-  const std::string what = Describe(r);
+  // Built only for an error message: this runs on every submission.
+  auto what = [&r] { return Describe(r); };
   if (r.name.empty()) ThrowValueError(std::string(CollectiveKindName(r.kind)) + ": name must not be empty");
   if (out != nullptr && (out->dtype != in.dtype || out->shape != in.shape)) {
-    ThrowValueError(what + ": output has " + DataTypeName(out->dtype) + " " + ShapeString(out->shape) +
+    ThrowValueError(what() + ": output has " + DataTypeName(out->dtype) + " " + ShapeString(out->shape) +
                     " but input has " + DataTypeName(in.dtype) + " " + ShapeString(in.shape));
   }
   const bool reduces = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
   if (reduces) {
     if (r.op == ReduceOp::kAdasum) {
-      ThrowValueError(what + ": op=Adasum is not supported by this version of hora");
+      ThrowValueError(what() + ": op=Adasum is not supported by this version of hora");
     }
     if (static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
-      ThrowValueError(what + ": unknown reduce op " + std::to_string(static_cast<int>(r.op)));
+      ThrowValueError(what() + ": unknown reduce op " + std::to_string(static_cast<int>(r.op)));
     }
     if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
-      ThrowValueError(what + ": op=Average is not defined for bool tensors; use Sum (logical or), "
+      ThrowValueError(what() + ": op=Average is not defined for bool tensors; use Sum (logical or), "
                              "Min or Product (logical and)");
     }
     if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
-      ThrowValueError(what + ": prescale_factor/postscale_factor need a floating-point tensor, got " +
+      ThrowValueError(what() + ": prescale_factor/postscale_factor need a floating-point tensor, got " +
                       DataTypeName(in.dtype));
     }
   }
   if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
-    ThrowValueError(what + ": root_rank " + std::to_string(r.root) + " is out of range for " +
+    ThrowValueError(what() + ": root_rank " + std::to_string(r.root) + " is out of range for " +
                     std::to_string(size) + " ranks");
   }
   const bool needs_rows = r.kind == CollectiveKind::kAllgather || r.kind == CollectiveKind::kAlltoall ||
                           r.kind == CollectiveKind::kReducescatter;
   if (needs_rows && in.shape.empty()) {
-    ThrowValueError(what + ": needs a tensor with at least one dimension, got a scalar");
+    ThrowValueError(what() + ": needs a tensor with at least one dimension, got a scalar");
   }
   if (r.kind == CollectiveKind::kAlltoall) {
     if (static_cast<int>(r.splits.size()) != size) {
-      ThrowValueError(what + ": splits has " + std::to_string(r.splits.size()) + " entries but there are " +
+      ThrowValueError(what() + ": splits has " + std::to_string(r.splits.size()) + " entries but there are " +
                       std::to_string(size) + " ranks");
     }
     int64_t total = 0;
     for (int64_t s : r.splits) {
-      if (s < 0) ThrowValueError(what + ": splits must not be negative, got " + ShapeString(r.splits));
+      if (s < 0) ThrowValueError(what() + ": splits must not be negative, got " + ShapeString(r.splits));
       total += s;
     }
     if (total != in.shape[0]) {
-      ThrowValueError(what + ": splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
+      ThrowValueError(what() + ": splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
                       " but the first dimension is " + std::to_string(in.shape[0]));
     }
   }
@@ -153,9 +156,9 @@ void Validate(const Request& r, const TensorView& in, const TensorView* out, int
 // shape. `output` is None for an in-place collective or an owned result.
 void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, bool in_place,
                    int dtype) {
-  w->input.reset(new TensorArg(input, in_place, dtype, ArgName{"tensor '", r->name, "'"}));
+  w->input.emplace(input, in_place, dtype, ArgName{"tensor '", r->name, "'"});
   if (!output.is_none()) {
-    w->output.reset(new TensorArg(output, true, dtype, ArgName{"output of '", r->name, "'"}));
+    w->output.emplace(output, true, dtype, ArgName{"output of '", r->name, "'"});
     if (w->output->view().device != w->input->view().device) {
       auto where = [](int device) {
         return device < 0 ? std::string("host memory") : "GPU " + std::to_string(device);
@@ -281,6 +284,18 @@ py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool 
   return py::cast(std::move(w));
 }
 
+// Gives up the GIL only when the collective is still running: most waits
+// of a backward pass find their result already there.
+Status WaitFor(PyWork& w) {
+  if (w.work->Poll()) return w.work->Wait();
+  py::gil_scoped_release release;
+  return w.work->Wait();
+}
+
+void ThrowIfFailed(const Status& status) {
+  if (!status.ok()) ThrowStatus(status);
+}
+
 }  // namespace
 
 void RegisterOps(py::module_& m) {
@@ -290,14 +305,14 @@ void RegisterOps(py::module_& m) {
       });
 
   py::class_<PyWork>(m, "Work")
-      .def("wait",
+      .def("wait", [](PyWork& w) { ThrowIfFailed(WaitFor(w)); })
+      // wait() and release() in one call: the per-tensor path of a handle.
+      .def("wait_release",
            [](PyWork& w) {
-             Status status;
-             {
-               py::gil_scoped_release release;
-               status = w.work->Wait();
-             }
-             if (!status.ok()) ThrowStatus(status);
+             Status status = WaitFor(w);
+             w.input.reset();
+             w.output.reset();
+             ThrowIfFailed(status);
            })
       .def("poll", [](PyWork& w) { return w.work->Poll(); })
       .def("result_dlpack",

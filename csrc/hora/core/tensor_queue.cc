@@ -14,15 +14,16 @@ Status InFlight(const std::string& name) {
 }  // namespace
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
-  // The copies the engine negotiates with, and the map keys, are made before
-  // taking the lock, so a caller submitting a burst holds it only briefly
-  // while the engine takes entries out.
+  // The requests move to the engine (the entries keep only what running the
+  // collective needs) and the map keys are copied before taking the lock, so
+  // a caller submitting a burst holds it only briefly.
   std::vector<Request> requests;
   requests.reserve(entries.size());
   std::unordered_set<std::string> names;
-  for (const TensorEntry& e : entries) {
-    requests.push_back(e.request);
-    if (entries.size() > 1 && !names.insert(e.request.name).second) return InFlight(e.request.name);
+  for (TensorEntry& e : entries) {
+    requests.push_back(std::move(e.request));
+    const std::string& name = requests.back().name;
+    if (entries.size() > 1 && !names.insert(name).second) return InFlight(name);
   }
   bool first_new = false;
   {
@@ -52,12 +53,15 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
 }
 
 Status TensorQueue::AddOne(TensorEntry entry) {
-  Request request = entry.request;  // copied outside the lock
+  // The request moves to the engine; the entry keeps only what running the
+  // collective needs. The map key is made outside the lock.
+  Request request = std::move(entry.request);
+  std::string key = request.name;
   bool first_new = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
-    auto inserted = entries_.emplace(request.name, std::move(entry));
+    auto inserted = entries_.emplace(std::move(key), std::move(entry));
     if (!inserted.second) return InFlight(request.name);
     first_new = new_requests_.empty();
     new_requests_.push_back(std::move(request));
@@ -69,10 +73,20 @@ Status TensorQueue::AddOne(TensorEntry entry) {
 }
 
 void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  out->swap(new_requests_);
-  new_requests_.clear();
-  has_new_.store(false, std::memory_order_release);
+  out->clear();
+  if (!has_new_.load(std::memory_order_acquire)) return;  // an Add racing this one wakes us
+  // The next burst lands in a vector with room for one like the largest so
+  // far, allocated here rather than under the lock or one reallocation
+  // (moving every request) at a time while the caller submits.
+  std::vector<Request> spare;
+  spare.reserve(burst_capacity_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out->swap(new_requests_);
+    new_requests_.swap(spare);
+    has_new_.store(false, std::memory_order_release);
+  }
+  burst_capacity_ = std::min<size_t>(std::max(burst_capacity_, out->size()), kMaxBurstCapacity);
 }
 
 bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {

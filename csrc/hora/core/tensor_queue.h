@@ -19,6 +19,7 @@
 namespace hora {
 
 struct TensorEntry {
+  // Moved to the engine's negotiation when the entry is queued.
   Request request;
   TensorView input;
   void* output = nullptr;  // allreduce / broadcast destination; may equal input.data
@@ -68,6 +69,9 @@ class TensorQueue {
   std::function<void()> on_new_work_;
   bool closed_ = false;
   Status closed_status_;
+  // Engine thread only: the room TakeNewRequests leaves for the next burst.
+  size_t burst_capacity_ = 16;
+  static constexpr size_t kMaxBurstCapacity = 4096;
 };
 
 }  // namespace hora

@@ -83,6 +83,14 @@ def run_sweep(args, comm):
         f"{BUS_FACTORS[args.collective](n):.3g}")
     log(f"# {'size':>11} {'count':>10} {'type':>7} {'impl':>8} {'time(us)':>11} "
         f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
+    for group in implementations.phases(impls):
+        rows += sweep_group(args, comm, group)
+    return rows
+
+
+def sweep_group(args, comm, impls):
+    n = comm.Get_size()
+    rows = []
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         count = max(1, nbytes // 4)
         if args.collective in ("reducescatter", "alltoall"):
@@ -110,7 +118,7 @@ def run_latency(args, comm):
     impls = implementations.load(["hora"] + args.compare, log)
     rows = []
     log(f"# 8-byte allreduce round trip, {comm.Get_size()} ranks, {args.iterations} iterations")
-    for impl in impls:
+    for impl in (i for group in implementations.phases(impls) for i in group):
         x = np.zeros(2, np.float32)
         for _ in range(50):
             impl.allreduce(x)
@@ -141,7 +149,7 @@ def run_fusion(args, comm):
     log(f"# ResNet-50 gradients: {len(shapes)} tensors, {total * 4 / 2**20:.1f} MiB, "
         f"{comm.Get_size()} ranks")
     rows = []
-    for impl in impls:
+    for impl in (i for group in implementations.phases(impls) for i in group):
         # Alternating the two runs keeps a drifting machine from favouring
         # either; medians keep a stray slow step from deciding.
         many, one = timed_interleaved([lambda: impl.allreduce_async_many(buffers),
@@ -155,16 +163,21 @@ def run_fusion(args, comm):
 
 
 def run_idle(args, comm):
-    hora.allreduce(np.zeros(1, np.float32), name="bench.idle.warmup")
-    comm.Barrier()
-    wall, cpu = time.perf_counter(), time.process_time()
-    time.sleep(args.seconds)
-    share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100
-    shares = comm.gather(share, root=0)
-    rows = [{"rank": r, "idle_cpu_percent": s} for r, s in enumerate(shares or [])]
-    for row in rows:
-        log(f"  rank {row['rank']}: {row['idle_cpu_percent']:.2f}% of a core while idle "
-            f"({args.seconds:.0f} s, whole process)")
+    impls = implementations.load(["hora"] + args.compare, log)
+    rows = []
+    # one implementation at a time: the process's CPU time is what is measured
+    for impl in (i for i in impls if getattr(i, "background", False) or i.name == "hora"):
+        for group in implementations.phases([impl]):
+            impl.allreduce(np.zeros(1, np.float32))
+            comm.Barrier()
+            wall, cpu = time.perf_counter(), time.process_time()
+            time.sleep(args.seconds)
+            share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100
+            shares = comm.gather(share, root=0)
+            for rank, value in enumerate(shares or []):
+                rows.append({"impl": impl.name, "rank": rank, "idle_cpu_percent": value})
+                log(f"  {impl.name:>8}  rank {rank}: {value:.2f}% of a core while idle "
+                    f"({args.seconds:.0f} s, whole process)")
     return rows
 
 

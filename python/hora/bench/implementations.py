@@ -1,6 +1,7 @@
 """The implementations a benchmark can compare: each is an object with
-``name``, ``available`` (or a reason why not) and in-place collectives on a
-NumPy float32 buffer."""
+``name``, ``reason`` (None when usable, else why not) and collectives on a
+NumPy float32 buffer; one with a background thread sets ``background`` and
+has ``start``/``stop`` (see :func:`phases`)."""
 
 import os
 
@@ -120,18 +121,29 @@ class Gloo:
 
 
 class Horovod:
+    """Horovod through horovod.torch, when it is installed. Its background
+    thread polls all the time it is initialized, which would slow every other
+    implementation measured beside it, so it runs in a phase of its own
+    (``background``): initialized by ``start`` and shut down by ``stop``."""
+
     name = "horovod"
+    background = True
 
     def __init__(self):
         self.reason = None
         try:
-            import horovod.torch as hvd  # noqa: F401
+            import horovod.torch as hvd
+            import torch
         except ImportError:
             self.reason = "horovod is not installed"
             return
-        import torch
-        hvd.init()
         self.hvd, self.torch = hvd, torch
+
+    def start(self):
+        self.hvd.init()
+
+    def stop(self):
+        self.hvd.shutdown()
 
     def allreduce(self, buffer):
         self.hvd.allreduce_(self.torch.from_numpy(buffer), name="bench.allreduce", op=self.hvd.Sum)
@@ -141,6 +153,19 @@ class Horovod:
                                              op=self.hvd.Sum) for i, b in enumerate(buffers)]
         for handle in handles:
             self.hvd.synchronize(handle)
+
+    def allgather(self, buffer):
+        return self.hvd.allgather(self.torch.from_numpy(buffer), name="bench.allgather").numpy()
+
+    def broadcast(self, buffer):
+        self.hvd.broadcast_(self.torch.from_numpy(buffer), 0, name="bench.broadcast")
+
+    def reducescatter(self, buffer):
+        return self.hvd.reducescatter(self.torch.from_numpy(buffer), name="bench.reducescatter",
+                                      op=self.hvd.Sum).numpy()
+
+    def alltoall(self, buffer):
+        return self.hvd.alltoall(self.torch.from_numpy(buffer), name="bench.alltoall").numpy()
 
 
 def _free_port():
@@ -165,3 +190,21 @@ def load(names, log):
         else:
             result.append(impl)
     return result
+
+
+def phases(impls):
+    """The implementations in the groups they are measured in: every quiet
+    one together (interleaved, so that drift hits them alike), then each one
+    with a background thread alone, started before its phase and stopped
+    after it."""
+    quiet = [i for i in impls if not getattr(i, "background", False)]
+    groups = [quiet] if quiet else []
+    groups += [[i] for i in impls if getattr(i, "background", False)]
+    for group in groups:
+        for impl in group:
+            getattr(impl, "start", lambda: None)()
+        try:
+            yield group
+        finally:
+            for impl in group:
+                getattr(impl, "stop", lambda: None)()

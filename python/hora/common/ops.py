@@ -109,9 +109,43 @@ class Handle:
         return self._result
 
 
+    def _poll(self):
+        return self._done or all(work.poll() for work in self._works)
+
+
+class _OneHandle(Handle):
+    """A handle on one core Work whose result object is known when it is
+    submitted (an in-place collective, or one into a caller's output): the
+    per-gradient path, without a list or a finishing closure."""
+
+    __slots__ = ()
+
+    def __init__(self, work, result):
+        self._works = work
+        self._finish = None
+        self._result = result
+        self._done = False
+        self._error = None
+
+    def _wait(self):
+        if not self._done:
+            self._done = True
+            try:
+                self._works.wait_release()
+            except BaseException as error:
+                self._error = error
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _poll(self):
+        return self._done or self._works.poll()
+
+
 def poll(handle):
     """True once the collective behind ``handle`` has finished (never blocks)."""
-    return handle._done or all(work.poll() for work in handle._works)
+    return handle._poll()
 
 
 def synchronize(handle):
@@ -162,7 +196,7 @@ def allreduce_async(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0,
     out = np.empty_like(x)
     works = _submit(_KIND_ALLREDUCE, [name], [x], [out], _check_op(op), 0, prescale_factor,
                     postscale_factor)
-    return Handle(works, _returns(out))
+    return _OneHandle(works[0], out)
 
 
 def allreduce(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0, postscale_factor=1.0):
@@ -182,7 +216,7 @@ def allreduce_async_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0
     wire, dtype = _wire(tensor)
     work = _C.submit_one(_KIND_ALLREDUCE, name, wire, True, _check_op(op), float(prescale_factor),
                          float(postscale_factor), dtype, call_site.describe())
-    return Handle([work], _returns(tensor))
+    return _OneHandle(work, tensor)
 
 
 def allreduce_(tensor, name=None, op=ReduceOp.Average, prescale_factor=1.0, postscale_factor=1.0):
@@ -254,7 +288,7 @@ def broadcast_async(tensor, root_rank, name=None):
     x = _as_array(tensor, f"broadcast '{name}'")
     out = np.empty_like(x)
     works = _submit(_KIND_BROADCAST, [name], [x], [out], root=int(root_rank))
-    return Handle(works, _returns(out))
+    return _OneHandle(works[0], out)
 
 
 def broadcast(tensor, root_rank, name=None):
@@ -267,7 +301,7 @@ def broadcast_async_(tensor, root_rank, name=None):
     name = _check_name(name, "broadcast")
     _check_writable_array(tensor, "broadcast_", name)
     works = _submit(_KIND_BROADCAST, [name], [tensor], [tensor], root=int(root_rank))
-    return Handle(works, _returns(tensor))
+    return _OneHandle(works[0], tensor)
 
 
 def broadcast_(tensor, root_rank, name=None):
