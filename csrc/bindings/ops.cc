@@ -296,6 +296,38 @@ void ThrowIfFailed(const Status& status) {
   if (!status.ok()) ThrowStatus(status);
 }
 
+// SubmitOne for contiguous host memory described by the caller (see the
+// raw TensorArg): an in-place allreduce or broadcast of a torch CPU tensor,
+// the per-gradient path of hora.torch.
+py::object SubmitOneHost(int kind, const std::string& name, py::handle owner, uintptr_t data,
+                         std::vector<int64_t> shape, int dtype, int op, int root, double prescale,
+                         double postscale, const std::string& site) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (kind != static_cast<int>(CollectiveKind::kAllreduce) &&
+      kind != static_cast<int>(CollectiveKind::kBroadcast)) {
+    ThrowValueError("internal: submit_one_host takes in-place allreduce and broadcast only");
+  }
+  if (dtype < 0 || dtype >= kNumDataTypes) {
+    ThrowValueError("internal: submit_one_host got dtype code " + std::to_string(dtype));
+  }
+  Request r;
+  r.name = name;
+  r.kind = static_cast<CollectiveKind>(kind);
+  r.op = static_cast<ReduceOp>(op);
+  r.root = root;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.site = site;
+  auto w = std::make_unique<PyWork>();
+  w->input.emplace(owner, data, std::move(shape), static_cast<DataType>(dtype));
+  r.dtype = w->dtype = w->input->view().dtype;
+  r.shape = w->input->view().shape;
+  Status status = engine->EnqueueOne(MakeEntry(w.get(), std::move(r), true, engine->topology().size, -1));
+  if (!status.ok()) ThrowStatus(status);
+  w->enqueued = true;
+  return py::cast(std::move(w));
+}
+
 }  // namespace
 
 void RegisterOps(py::module_& m) {
@@ -343,6 +375,9 @@ void RegisterOps(py::module_& m) {
   m.def("submit_one", &SubmitOne, py::arg("kind"), py::arg("name"), py::arg("tensor"),
         py::arg("in_place"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
         py::arg("dtype"), py::arg("site"), py::arg("stream") = -1);
+  m.def("submit_one_host", &SubmitOneHost, py::arg("kind"), py::arg("name"), py::arg("owner"),
+        py::arg("data"), py::arg("shape"), py::arg("dtype"), py::arg("op"), py::arg("root"),
+        py::arg("prescale"), py::arg("postscale"), py::arg("site"));
   // Whether submissions should say where they come from (debug log level).
   m.def("records_call_sites",
         [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });

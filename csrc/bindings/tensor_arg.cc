@@ -120,6 +120,14 @@ TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
   }
 }
 
+TensorArg::TensorArg(py::handle owner, uintptr_t data, std::vector<int64_t> shape,
+                     DataType dtype) {
+  view_.data = reinterpret_cast<void*>(data);
+  view_.shape = std::move(shape);
+  view_.dtype = dtype;
+  keep_alive_ = py::reinterpret_borrow<py::object>(owner);
+}
+
 TensorArg::~TensorArg() { Release(); }
 
 void TensorArg::Release() {

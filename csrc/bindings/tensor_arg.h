@@ -28,6 +28,10 @@ class TensorArg {
   // `dtype_override` >= 0 reinterprets the elements (bfloat16 arrives as a
   // uint16 view from NumPy, which has no bfloat16 of its own).
   TensorArg(pybind11::handle object, bool writable, int dtype_override, const ArgName& what);
+  // Contiguous host memory the caller describes itself (a torch CPU tensor's
+  // data_ptr, shape and dtype, which cost far less to read than a DLPack
+  // export); `owner` is kept alive until the collective has completed.
+  TensorArg(pybind11::handle owner, uintptr_t data, std::vector<int64_t> shape, DataType dtype);
   ~TensorArg();
   TensorArg(const TensorArg&) = delete;
   TensorArg& operator=(const TensorArg&) = delete;

@@ -24,6 +24,8 @@ def check_op(op):
 def resolve_op(average, op, what):
     """The reduction from Horovod's ``op`` and deprecated ``average``
     arguments; Average when neither is given."""
+    if average is None and type(op) is ReduceOp:
+        return op  # the common spelling, op=hvd.Sum: nothing to convert
     if op is not None and average is not None:
         raise ValueError(f"{what}: pass either op or the deprecated average argument, not both")
     if average is not None:

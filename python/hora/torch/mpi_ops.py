@@ -28,7 +28,8 @@ from hora.torch._autograd import (
 from hora.torch._collectives import (
     KIND_ALLREDUCE, KIND_BROADCAST, check_op, check_process_set, check_root, check_tensor,
     check_tensors, group_names, name_or_auto, resolve_op, splits_list, start_allgather,
-    start_allreduce, start_alltoall, start_broadcast, start_inplace, start_reducescatter)
+    start_allreduce, start_alltoall, start_broadcast, start_inplace, start_inplace_one,
+    start_reducescatter)
 from hora.torch.compression import Compression
 
 poll = _ops.poll
@@ -90,9 +91,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     check_process_set(process_set, "allreduce_async_")
     op = resolve_op(average, op, "allreduce_async_")
     check_tensor(tensor, "allreduce_async_")
-    works, finish = start_inplace(KIND_ALLREDUCE, [tensor], [name_or_auto(name, "allreduce")],
-                                  op, 0, prescale_factor, postscale_factor)
-    return Handle(works, lambda ws: (finish(), tensor)[1])
+    return start_inplace_one(KIND_ALLREDUCE, tensor, name_or_auto(name, "allreduce"), op, 0,
+                             prescale_factor, postscale_factor)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -260,9 +260,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     check_process_set(process_set, "broadcast_async_")
     check_tensor(tensor, "broadcast_async_")
     root_rank = check_root(root_rank, "broadcast_async_")
-    works, finish = start_inplace(KIND_BROADCAST, [tensor], [name_or_auto(name, "broadcast")],
-                                  root=root_rank)
-    return Handle(works, lambda ws: (finish(), tensor)[1])
+    return start_inplace_one(KIND_BROADCAST, tensor, name_or_auto(name, "broadcast"),
+                             root=root_rank)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
