@@ -96,6 +96,12 @@ class Gloo:
         dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
         self.torch, self.dist = torch, dist
 
+    def stop(self):
+        # Joins gloo's worker threads. Left running into interpreter exit,
+        # one of them can drop its last tensor there and abort the process
+        # while taking the GIL.
+        self.dist.destroy_process_group()
+
     def allreduce(self, buffer):
         self.dist.all_reduce(self.torch.from_numpy(buffer))
 

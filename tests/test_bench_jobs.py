@@ -1,0 +1,95 @@
+"""python -m hora.bench under horarun: every benchmark runs end to end on
+real ranks, its JSON holds a row per implementation and size, and the
+``#wrong`` check of every sweep finds nothing wrong. Timings are printed,
+never asserted (speed is shown by running the benchmark, not by tests)."""
+
+import json
+import os
+import pathlib
+
+import pytest
+
+from launch import run_horarun
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_bench(world_size, args, tmp_path):
+    out = tmp_path / "out.json"
+    output = run_horarun(world_size, ["-m", "hora.bench", *args, "--json", str(out)],
+                         dict(os.environ), ROOT)
+    return json.loads(out.read_text()), output
+
+
+def expected_impls():
+    names = ["hora", "mpi"]
+    try:
+        import torch.distributed  # noqa: F401
+        names.append("gloo")
+    except ImportError:
+        pass
+    return names
+
+
+@pytest.mark.parametrize("world_size,collective", [
+    (2, "allreduce"), (3, "allreduce"), (2, "allgather"), (3, "broadcast"),
+    (3, "reducescatter"), (2, "alltoall")])
+def test_sweep_checks_every_size_of_every_implementation(world_size, collective, tmp_path):
+    impls = expected_impls()
+    result, output = run_bench(world_size, [collective, "--min-bytes", "8", "--max-bytes", "262144",
+                                            "--compare", ",".join(impls[1:])], tmp_path)
+    assert result["ranks"] == world_size
+    rows = result["rows"]
+    # 8 B up to 256 KiB in steps of x4: 8, 32, ..., 131072
+    sizes = {r["size"] for r in rows}
+    assert len(sizes) == 8, output
+    if collective in ("reducescatter", "alltoall"):
+        impls = [i for i in impls if i != "gloo"]  # gloo has neither on CPU
+    for impl in impls:
+        mine = [r for r in rows if r["impl"] == impl]
+        assert len(mine) == len(sizes), f"{impl} is missing sizes:\n{output}"
+        for row in mine:
+            assert row["wrong"] == 0, f"{impl} got {row['wrong']} wrong elements at {row['size']} B"
+            assert row["busbw"] > 0 and row["time_us"] > 0
+            assert row["collective"] == collective and row["ranks"] == world_size
+
+
+def test_fusion_latency_and_idle_report_every_implementation(tmp_path):
+    impls = expected_impls()
+    compare = ",".join(impls[1:])
+    fusion, _ = run_bench(2, ["fusion", "--iterations", "3", "--compare", compare], tmp_path)
+    assert [r["impl"] for r in fusion["rows"]] == impls
+    for row in fusion["rows"]:
+        assert row["tensors_ms"] > 0 and row["concatenated_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["tensors_ms"] / row["concatenated_ms"])
+
+    latency, _ = run_bench(2, ["latency", "--iterations", "50", "--compare", compare], tmp_path)
+    assert [r["impl"] for r in latency["rows"]] == impls
+    for row in latency["rows"]:
+        assert 0 < row["p50_us"] <= row["p99_us"]
+
+    idle, output = run_bench(2, ["idle", "--seconds", "1"], tmp_path)
+    assert [(r["impl"], r["rank"]) for r in idle["rows"]] == [("hora", 0), ("hora", 1)]
+    assert all(r["idle_cpu_percent"] >= 0 for r in idle["rows"]), output
+
+
+class FakeImpl:
+    def __init__(self, name, background, log):
+        self.name, self.background, self.log = name, background, log
+
+    def start(self):
+        self.log.append(f"start {self.name}")
+
+    def stop(self):
+        self.log.append(f"stop {self.name}")
+
+
+def test_background_implementations_run_alone_between_start_and_stop():
+    from hora.bench import implementations
+    log = []
+    impls = [FakeImpl("hora", False, log), FakeImpl("horovod", True, log),
+             FakeImpl("mpi", False, log)]
+    for group in implementations.phases(impls):
+        log.append("measure " + "+".join(i.name for i in group))
+    assert log == ["start hora", "start mpi", "measure hora+mpi", "stop hora", "stop mpi",
+                   "start horovod", "measure horovod", "stop horovod"]
