@@ -33,3 +33,13 @@ def test_every_dockerfile_installs_through_the_install_script():
 def test_the_install_script_prepares_cuda_builds():
     text = (ROOT / "scripts" / "install.sh").read_text()
     assert "nvidia-nccl-cu$major" in text and "HORA_WITH_CUDA" in text
+
+
+def test_horovod_build_script_names_what_is_missing(tmp_path):
+    import subprocess
+    script = ROOT / "scripts" / "install_horovod.sh"
+    missing = tmp_path / "no-venv"
+    job = subprocess.run(["bash", str(script)], env={"HORA_VENV": str(missing), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)
+    assert job.returncode == 1
+    assert f"no Python environment at {missing}" in job.stderr

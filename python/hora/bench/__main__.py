@@ -36,6 +36,10 @@ BUS_FACTORS = {
 }
 
 
+# One colour per implementation, the same in every plot.
+PLOT_COLORS = {"hora": "tab:blue", "mpi": "tab:green", "gloo": "tab:purple", "horovod": "tab:red"}
+
+
 def log(message):
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(message, flush=True)
@@ -191,7 +195,8 @@ def plot(rows, path):
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for impl in sorted({r["impl"] for r in rows}):
         points = [(r["size"], r["busbw"]) for r in rows if r["impl"] == impl]
-        axis.plot(*zip(*points), marker="o", label=impl)
+        axis.plot(*zip(*points), marker="o", label=impl, color=PLOT_COLORS.get(impl),
+                  linewidth=2.5 if impl == "hora" else 1.5)
     axis.set_xscale("log", base=2)
     axis.set_xlabel("bytes per rank")
     axis.set_ylabel("bus bandwidth (GB/s)")
