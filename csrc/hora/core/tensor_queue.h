@@ -71,7 +71,7 @@ class TensorQueue {
   Status closed_status_;
   // Engine thread only: the room TakeNewRequests leaves for the next burst.
   size_t burst_capacity_ = 16;
-  static constexpr size_t kMaxBurstCapacity = 4096;
+  static constexpr size_t kMaxBurstCapacity = 1024;  // ~200 KB of requests
 };
 
 }  // namespace hora

@@ -21,7 +21,8 @@ class Work {
   // (two context switches each on a core shared with the engine).
   void MarkDone(const Status& status);
   void Notify();
-  // Blocks until completion. Never call with the Python GIL held.
+  // Blocks until completion. Never call with the Python GIL held unless
+  // Poll() has returned true (then it returns at once).
   Status Wait();
   bool Poll() const;
   // How many threads of this process are blocked in Wait() right now; the

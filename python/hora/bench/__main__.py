@@ -88,7 +88,8 @@ def run_sweep(args, comm):
     log(f"# {'size':>11} {'count':>10} {'type':>7} {'impl':>8} {'time(us)':>11} "
         f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
     for group in implementations.phases(impls):
-        rows += sweep_group(args, comm, group)
+        with implementations.started(group):
+            rows += sweep_group(args, comm, group)
     return rows
 
 
@@ -122,21 +123,26 @@ def run_latency(args, comm):
     impls = implementations.load(["hora"] + args.compare, log)
     rows = []
     log(f"# 8-byte allreduce round trip, {comm.Get_size()} ranks, {args.iterations} iterations")
-    for impl in (i for group in implementations.phases(impls) for i in group):
-        x = np.zeros(2, np.float32)
-        for _ in range(50):
-            impl.allreduce(x)
-        samples = []
-        comm.Barrier()
-        for _ in range(args.iterations):
-            start = time.perf_counter()
-            impl.allreduce(x)
-            samples.append(time.perf_counter() - start)
-        p50 = comm.allreduce(percentile(samples, 50), op=MPI.MAX) * 1e6
-        p99 = comm.allreduce(percentile(samples, 99), op=MPI.MAX) * 1e6
-        rows.append({"impl": impl.name, "p50_us": p50, "p99_us": p99})
-        log(f"  {impl.name:>8}  p50 {p50:8.1f} us   p99 {p99:8.1f} us")
+    for group in implementations.phases(impls):
+        with implementations.started(group):
+            rows += [latency_row(args, comm, impl) for impl in group]
     return rows
+
+
+def latency_row(args, comm, impl):
+    x = np.zeros(2, np.float32)
+    for _ in range(50):
+        impl.allreduce(x)
+    samples = []
+    comm.Barrier()
+    for _ in range(args.iterations):
+        start = time.perf_counter()
+        impl.allreduce(x)
+        samples.append(time.perf_counter() - start)
+    p50 = comm.allreduce(percentile(samples, 50), op=MPI.MAX) * 1e6
+    p99 = comm.allreduce(percentile(samples, 99), op=MPI.MAX) * 1e6
+    log(f"  {impl.name:>8}  p50 {p50:8.1f} us   p99 {p99:8.1f} us")
+    return {"impl": impl.name, "p50_us": p50, "p99_us": p99}
 
 
 def run_fusion(args, comm):
@@ -153,16 +159,18 @@ def run_fusion(args, comm):
     log(f"# ResNet-50 gradients: {len(shapes)} tensors, {total * 4 / 2**20:.1f} MiB, "
         f"{comm.Get_size()} ranks")
     rows = []
-    for impl in (i for group in implementations.phases(impls) for i in group):
-        # Alternating the two runs keeps a drifting machine from favouring
-        # either; medians keep a stray slow step from deciding.
-        many, one = timed_interleaved([lambda: impl.allreduce_async_many(buffers),
-                                       lambda: impl.allreduce(concatenated)],
-                                      args.iterations, comm)
-        rows.append({"impl": impl.name, "tensors_ms": many * 1e3, "concatenated_ms": one * 1e3,
-                     "ratio": many / one})
-        log(f"  {impl.name:>8}  {len(shapes)} tensors: {many * 1e3:8.2f} ms   one concatenated "
-            f"buffer: {one * 1e3:8.2f} ms   ratio {many / one:5.2f}")
+    for group in implementations.phases(impls):
+        with implementations.started(group):
+            for impl in group:
+                # Alternating the two runs keeps a drifting machine from
+                # favouring either; medians keep a stray slow step from deciding.
+                many, one = timed_interleaved([lambda: impl.allreduce_async_many(buffers),
+                                               lambda: impl.allreduce(concatenated)],
+                                              args.iterations, comm)
+                rows.append({"impl": impl.name, "tensors_ms": many * 1e3,
+                             "concatenated_ms": one * 1e3, "ratio": many / one})
+                log(f"  {impl.name:>8}  {len(shapes)} tensors: {many * 1e3:8.2f} ms   one "
+                    f"concatenated buffer: {one * 1e3:8.2f} ms   ratio {many / one:5.2f}")
     return rows
 
 
@@ -174,7 +182,7 @@ def run_idle(args, comm):
     names = [n for n in args.compare if n not in known or getattr(known[n], "background", False)]
     rows = []
     for impl in implementations.load(["hora"] + names, log):
-        for _ in implementations.phases([impl]):
+        with implementations.started([impl]):
             impl.allreduce(np.zeros(1, np.float32))
             comm.Barrier()
             wall, cpu = time.perf_counter(), time.process_time()

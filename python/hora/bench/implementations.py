@@ -3,6 +3,7 @@
 NumPy float32 buffer; one with a background thread sets ``background`` and
 has ``start``/``stop`` (see :func:`phases`)."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -201,16 +202,22 @@ def load(names, log):
 def phases(impls):
     """The implementations in the groups they are measured in: every quiet
     one together (interleaved, so that drift hits them alike), then each one
-    with a background thread alone, started before its phase and stopped
-    after it."""
+    with a background thread alone. Run each group inside :func:`started`."""
     quiet = [i for i in impls if not getattr(i, "background", False)]
     groups = [quiet] if quiet else []
-    groups += [[i] for i in impls if getattr(i, "background", False)]
-    for group in groups:
+    return groups + [[i] for i in impls if getattr(i, "background", False)]
+
+
+@contextlib.contextmanager
+def started(group):
+    """Starts the group's implementations (those with a ``start``) and stops
+    whichever started when the block ends, on errors too."""
+    running = []
+    try:
         for impl in group:
             getattr(impl, "start", lambda: None)()
-        try:
-            yield group
-        finally:
-            for impl in group:
-                getattr(impl, "stop", lambda: None)()
+            running.append(impl)
+        yield group
+    finally:
+        for impl in reversed(running):
+            getattr(impl, "stop", lambda: None)()

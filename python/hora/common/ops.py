@@ -108,7 +108,6 @@ class Handle:
             raise self._error
         return self._result
 
-
     def _poll(self):
         return self._done or all(work.poll() for work in self._works)
 
@@ -116,7 +115,8 @@ class Handle:
 class _OneHandle(Handle):
     """A handle on one core Work whose result object is known when it is
     submitted (an in-place collective, or one into a caller's output): the
-    per-gradient path, without a list or a finishing closure."""
+    per-gradient path, without a list or a finishing closure. ``_works``
+    holds that one Work itself."""
 
     __slots__ = ()
 
@@ -129,12 +129,15 @@ class _OneHandle(Handle):
 
     def _wait(self):
         if not self._done:
-            self._done = True
             try:
-                self._works.wait_release()
+                self._works.wait_release()  # gives up the GIL while it waits
             except BaseException as error:
                 self._error = error
                 raise
+            finally:
+                # only now: another thread polling meanwhile must not see
+                # the result as ready while the engine still writes it
+                self._done = True
         if self._error is not None:
             raise self._error
         return self._result
