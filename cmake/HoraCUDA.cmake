@@ -168,10 +168,10 @@ foreach(_line ${_hora_nccl_version_lines})
   endif()
 endforeach()
 
-add_library(hora_cuda INTERFACE)
-add_library(hora::cuda ALIAS hora_cuda)
-target_include_directories(hora_cuda INTERFACE "${_hora_nccl_include}")
-target_link_libraries(hora_cuda INTERFACE CUDA::cudart_static "${_hora_nccl_library}")
+add_library(hora_cuda_toolkit INTERFACE)
+add_library(hora::cuda ALIAS hora_cuda_toolkit)
+target_include_directories(hora_cuda_toolkit INTERFACE "${_hora_nccl_include}")
+target_link_libraries(hora_cuda_toolkit INTERFACE CUDA::cudart_static "${_hora_nccl_library}")
 # At run time NCCL comes from the wheel next to hora (site-packages/nvidia),
 # else from where it was found at build time.
 get_filename_component(_hora_nccl_libdir "${_hora_nccl_library}" DIRECTORY)

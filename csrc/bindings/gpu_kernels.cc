@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "errors.h"
-#include "hora/gpu/cuda_status.h"
-#include "hora/gpu/gpu_kernels.h"
+#include "hora/cuda/cuda_status.h"
+#include "hora/cuda/gpu_kernels.h"
 
 namespace py = pybind11;
 

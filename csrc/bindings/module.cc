@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include "hora/common/build_config.h"
+#include "hora/common/collective.h"
 #include "hora/common/dtype.h"
 #include "runtime.h"
 
@@ -27,4 +28,16 @@ PYBIND11_MODULE(_C, m) {
     dtypes[hora::DataTypeName(static_cast<hora::DataType>(i))] = i;
   }
   m.attr("DTYPES") = dtypes;
+  // The numbers Python passes for kinds and ops come from here, so the
+  // Python side never copies them by hand.
+  py::dict kinds;
+  for (int i = 0; i <= static_cast<int>(hora::CollectiveKind::kBarrier); ++i) {
+    kinds[hora::CollectiveKindName(static_cast<hora::CollectiveKind>(i))] = i;
+  }
+  m.attr("COLLECTIVE_KINDS") = kinds;
+  py::dict ops;
+  for (int i = 0; i < hora::kNumReduceOps; ++i) {
+    ops[hora::ReduceOpName(static_cast<hora::ReduceOp>(i))] = i;
+  }
+  m.attr("REDUCE_OPS") = ops;
 }

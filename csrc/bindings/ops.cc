@@ -10,10 +10,10 @@
 #include <sstream>
 #include <vector>
 
-#include "errors.h"
-#include "hora/algo/host_kernels.h"
-#include "hora/gpu/gpu_backend.h"
 #include "dlpack.h"
+#include "errors.h"
+#include "hora/core/request_check.h"
+#include "hora/cuda/device_runtime.h"
 #include "runtime.h"
 #include "tensor_arg.h"
 
@@ -97,59 +97,8 @@ py::object ExportDevice(std::shared_ptr<DeviceBuffer> buffer, DataType dtype,
   return py::reinterpret_steal<py::object>(capsule);
 }
 
-std::string Describe(const Request& r) {
-  return std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'";
-}
-
-void Validate(const Request& r, const TensorView& in, const TensorView* out, int size) {
-  // Built only for an error message: this runs on every submission.
-  auto what = [&r] { return Describe(r); };
-  if (r.name.empty()) ThrowValueError(std::string(CollectiveKindName(r.kind)) + ": name must not be empty");
-  if (out != nullptr && (out->dtype != in.dtype || out->shape != in.shape)) {
-    ThrowValueError(what() + ": output has " + DataTypeName(out->dtype) + " " + ShapeString(out->shape) +
-                    " but input has " + DataTypeName(in.dtype) + " " + ShapeString(in.shape));
-  }
-  const bool reduces = r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
-  if (reduces) {
-    if (r.op == ReduceOp::kAdasum) {
-      ThrowValueError(what() + ": op=Adasum is not supported by this version of hora");
-    }
-    if (static_cast<int>(r.op) > static_cast<int>(ReduceOp::kProduct)) {
-      ThrowValueError(what() + ": unknown reduce op " + std::to_string(static_cast<int>(r.op)));
-    }
-    if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
-      ThrowValueError(what() + ": op=Average is not defined for bool tensors; use Sum (logical or), "
-                             "Min or Product (logical and)");
-    }
-    if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
-      ThrowValueError(what() + ": prescale_factor/postscale_factor need a floating-point tensor, got " +
-                      DataTypeName(in.dtype));
-    }
-  }
-  if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
-    ThrowValueError(what() + ": root_rank " + std::to_string(r.root) + " is out of range for " +
-                    std::to_string(size) + " ranks");
-  }
-  const bool needs_rows = r.kind == CollectiveKind::kAllgather || r.kind == CollectiveKind::kAlltoall ||
-                          r.kind == CollectiveKind::kReducescatter;
-  if (needs_rows && in.shape.empty()) {
-    ThrowValueError(what() + ": needs a tensor with at least one dimension, got a scalar");
-  }
-  if (r.kind == CollectiveKind::kAlltoall) {
-    if (static_cast<int>(r.splits.size()) != size) {
-      ThrowValueError(what() + ": splits has " + std::to_string(r.splits.size()) + " entries but there are " +
-                      std::to_string(size) + " ranks");
-    }
-    int64_t total = 0;
-    for (int64_t s : r.splits) {
-      if (s < 0) ThrowValueError(what() + ": splits must not be negative, got " + ShapeString(r.splits));
-      total += s;
-    }
-    if (total != in.shape[0]) {
-      ThrowValueError(what() + ": splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
-                      " but the first dimension is " + std::to_string(in.shape[0]));
-    }
-  }
+void ThrowIfFailed(const Status& status) {
+  if (!status.ok()) ThrowStatus(status);
 }
 
 // Views the caller's arrays for `w` and fills in the request's dtype and
@@ -159,13 +108,6 @@ void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, b
   w->input.emplace(input, in_place, dtype, ArgName{"tensor '", r->name, "'"});
   if (!output.is_none()) {
     w->output.emplace(output, true, dtype, ArgName{"output of '", r->name, "'"});
-    if (w->output->view().device != w->input->view().device) {
-      auto where = [](int device) {
-        return device < 0 ? std::string("host memory") : "GPU " + std::to_string(device);
-      };
-      ThrowValueError(Describe(*r) + ": the output is in " + where(w->output->view().device) +
-                      " but the input is in " + where(w->input->view().device));
-    }
   }
   r->dtype = w->input->view().dtype;
   r->shape = w->input->view().shape;
@@ -179,11 +121,11 @@ void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, b
 // data, so GPU memory is refused rather than read out of order.
 TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t stream) {
   const TensorView& in = w->input->view();
-  Validate(r, in, w->output ? &w->output->view() : nullptr, size);
+  ThrowIfFailed(CheckRequest(r, in, w->output ? &w->output->view() : nullptr, size));
   TensorEntry entry;
   if (in.device >= 0) {
     if (stream < 0) {
-      ThrowValueError(Describe(r) + ": the tensor is in GPU memory, but this function takes host "
+      ThrowValueError(DescribeRequest(r) + ": the tensor is in GPU memory, but this function takes host "
                       "memory (it cannot know which CUDA stream produces the data); use a "
                       "framework adapter such as hora.torch for GPU tensors");
     }
@@ -234,13 +176,7 @@ py::list Submit(int kind, const std::vector<std::string>& names,
     const TensorView& in = w->input->view();
     if (r.kind == CollectiveKind::kAlltoall) {
       if (splits.is_none()) {
-        if (in.shape.empty() || in.shape[0] % size != 0) {
-          ThrowValueError(Describe(r) + ": first dimension " +
-                          (in.shape.empty() ? std::string("(scalar)") : std::to_string(in.shape[0])) +
-                          " is not divisible by " + std::to_string(size) +
-                          " ranks; pass splits to say how many rows go to each rank");
-        }
-        r.splits.assign(size, in.shape[0] / size);
+        ThrowIfFailed(EqualSplits(r, in, size, &r.splits));
       } else {
         r.splits = splits.cast<std::vector<int64_t>>();
       }
@@ -325,10 +261,6 @@ Status WaitFor(PyWork& w) {
   if (w.work->Poll()) return w.work->Wait();
   py::gil_scoped_release release;
   return w.work->Wait();
-}
-
-void ThrowIfFailed(const Status& status) {
-  if (!status.ok()) ThrowStatus(status);
 }
 
 }  // namespace

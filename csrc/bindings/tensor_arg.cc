@@ -4,7 +4,7 @@
 
 #include "errors.h"
 #include "hora/common/dtype.h"
-#include "hora/gpu/gpu_backend.h"
+#include "hora/cuda/device_runtime.h"
 
 namespace py = pybind11;
 

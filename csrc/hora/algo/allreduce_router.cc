@@ -4,9 +4,17 @@
 
 #include <sstream>
 
+#include "hora/algo/host_kernels.h"
 #include "hora/algo/kernels/kernel_set.h"
 
 namespace hora {
+namespace {
+
+bool TakesPieces(AllreducePath path) {
+  return path == AllreducePath::kShm || path == AllreducePath::kHierarchical;
+}
+
+}  // namespace
 
 const char* AllreducePathName(AllreducePath path) {
   switch (path) {
@@ -18,33 +26,35 @@ const char* AllreducePathName(AllreducePath path) {
   return "?";
 }
 
-Status AllreduceRouter::Create(Communicator* comm, const Config& config,
+Status AllreduceRouter::Create(Communicator* comm, const AllreduceSettings& settings,
                                std::unique_ptr<AllreduceRouter>* out) {
-  std::unique_ptr<AllreduceRouter> router(new AllreduceRouter(comm, config));
+  std::unique_ptr<AllreduceRouter> router(new AllreduceRouter(comm, settings));
   const Topology& t = comm->topology();
   router->one_host_ = t.local_size == t.size;
   router->hierarchical_ok_ = t.homogeneous && comm->local() != nullptr && comm->cross() != nullptr;
-  const std::string& algorithm = config.allreduce_algorithm;
-  if (algorithm == "shm" && !router->one_host_) {
+  const AllreduceAlgorithm algorithm = settings.algorithm;
+  if (algorithm == AllreduceAlgorithm::kShm && !router->one_host_) {
     return Status::InvalidArgument(
         "HORA_ALLREDUCE_ALGORITHM=shm needs every rank on one host (this job spans " +
         std::to_string(t.cross_size) + " hosts; use hierarchical or auto)");
   }
-  if (algorithm == "hierarchical" && !router->hierarchical_ok_) {
+  if (algorithm == AllreduceAlgorithm::kHierarchical && !router->hierarchical_ok_) {
     return Status::InvalidArgument(
         "HORA_ALLREDUCE_ALGORITHM=hierarchical needs the same number of ranks on every host");
   }
   // auto goes hierarchical only where a host has several ranks to share
   // memory between; with one rank per host the ring is the whole story.
-  router->hierarchical_ok_ = router->hierarchical_ok_ && (algorithm == "hierarchical" ||
-                                                         t.local_size > 1);
-  const bool wants_shm = t.size > 1 &&
-                         (algorithm == "hierarchical" ||
-                          (t.local_size > 1 && (algorithm == "shm" || algorithm == "auto")));
+  router->hierarchical_ok_ =
+      router->hierarchical_ok_ &&
+      (algorithm == AllreduceAlgorithm::kHierarchical || t.local_size > 1);
+  const bool wants_shm =
+      t.size > 1 && (algorithm == AllreduceAlgorithm::kHierarchical ||
+                     (t.local_size > 1 && (algorithm == AllreduceAlgorithm::kShm ||
+                                           algorithm == AllreduceAlgorithm::kAuto)));
   if (wants_shm) {
     Communicator* local = comm->local();
     Status status = ShmSegment::Create(
-        local, ShmAllreduce::kSlots * (config.shm_slot_bytes + ShmAllreduce::kSlotSkewBytes),
+        local, ShmAllreduce::kSlots * (settings.shm_slot_bytes + ShmAllreduce::kSlotSkewBytes),
         &router->segment_);
     if (!status.ok()) return status.WithContext("creating the shared-memory segment");
     router->shm_.reset(new ShmAllreduce(router->segment_.get(), local->rank(), local->size()));
@@ -54,29 +64,83 @@ Status AllreduceRouter::Create(Communicator* comm, const Config& config,
 }
 
 AllreducePath AllreduceRouter::Choose(int64_t bytes) const {
-  const std::string& a = config_.allreduce_algorithm;
   const int size = comm_->size();
-  if (a == "mpi" || size == 1) return AllreducePath::kMpi;
-  if (a == "ring") return AllreducePath::kRing;
-  if (a == "shm") return shm_ ? AllreducePath::kShm : AllreducePath::kMpi;
-  if (a == "hierarchical") {
-    return one_host_ ? (shm_ ? AllreducePath::kShm : AllreducePath::kMpi)
-                     : AllreducePath::kHierarchical;
+  switch (settings_.algorithm) {
+    case AllreduceAlgorithm::kMpi: return AllreducePath::kMpi;
+    case AllreduceAlgorithm::kRing: return size == 1 ? AllreducePath::kMpi : AllreducePath::kRing;
+    case AllreduceAlgorithm::kShm: return shm_ ? AllreducePath::kShm : AllreducePath::kMpi;
+    case AllreduceAlgorithm::kHierarchical:
+      if (size == 1) return AllreducePath::kMpi;
+      return one_host_ ? (shm_ ? AllreducePath::kShm : AllreducePath::kMpi)
+                       : AllreducePath::kHierarchical;
+    case AllreduceAlgorithm::kAuto: break;
   }
-  // auto
-  if (bytes <= config_.small_allreduce_bytes) return AllreducePath::kMpi;
+  if (size == 1 || bytes <= settings_.small_allreduce_bytes) return AllreducePath::kMpi;
   if (one_host_) return shm_ ? AllreducePath::kShm : AllreducePath::kMpi;
   if (hierarchical_ok_ && shm_ && hierarchical_allowed_) return AllreducePath::kHierarchical;
   return AllreducePath::kRing;
 }
 
 Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
-                            double factor) {
+                            double prescale, double factor) {
+  const bool floating = IsFloatingPoint(dtype);
+  if (!floating) prescale = factor = 1.0;
+  const bool half = IsHalf(dtype);
+  // What the transport reduces: half types are widened to float32.
+  const DataType wire = half ? DataType::kFloat32 : dtype;
+  const int64_t element = DataTypeSize(wire);
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += pieces[i].count;
+  // Every rank takes the same branch: each depends only on arguments all
+  // ranks share (the shared-memory paths scale the sub-slice each rank
+  // owns, so a rank that staged while another did not would mix scalings).
+  const bool direct = comm_->size() == 1 || TakesPieces(Choose(total * element));
+  if (direct && !half && prescale == 1.0) return RunPieces(pieces, n, dtype, op, factor);
+  if (n == 1 && !half) {
+    // A lone tensor is reduced in the caller's memory, pre-scaled into its
+    // output first when it must be.
+    const Piece& p = pieces[0];
+    const void* send = p.in == p.out ? nullptr : p.in;
+    if (prescale != 1.0) {
+      ScaleCopy(p.in, p.out, p.count, dtype, prescale);
+      send = nullptr;
+    }
+    HORA_RETURN_IF_ERROR(RunContiguous(send, p.out, p.count, dtype, op));
+    if (factor != 1.0) ScaleCopy(p.out, p.out, p.count, dtype, factor);
+    return Status::OK();
+  }
+  char* buffer = staging_.Get(total * element);
+  char* at = buffer;
+  for (size_t i = 0; i < n; ++i) {
+    const Piece& p = pieces[i];
+    if (half) {
+      WidenToFloat(p.in, reinterpret_cast<float*>(at), p.count, dtype, prescale);
+    } else {
+      ScaleCopy(p.in, at, p.count, dtype, prescale);
+    }
+    at += p.count * element;
+  }
+  HORA_RETURN_IF_ERROR(RunContiguous(nullptr, buffer, total, wire, op));
+  at = buffer;
+  for (size_t i = 0; i < n; ++i) {
+    const Piece& p = pieces[i];
+    if (half) {
+      NarrowFromFloat(reinterpret_cast<const float*>(at), p.out, p.count, dtype, factor);
+    } else {
+      ScaleCopy(at, p.out, p.count, dtype, factor);
+    }
+    at += p.count * element;
+  }
+  return Status::OK();
+}
+
+Status AllreduceRouter::RunPieces(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
+                                  double factor) {
   if (comm_->size() == 1) {
     // Alone, the result is the input: copy it where it must go, scaled.
     for (size_t i = 0; i < n; ++i) {
       const Piece& p = pieces[i];
-      if (IsFloatingPoint(dtype) && factor != 1.0) {
+      if (factor != 1.0) {
         Kernels().scale_copy(p.in, p.out, p.count, dtype, factor);
       } else if (p.in != p.out) {
         std::memcpy(p.out, p.in, p.count * DataTypeSize(dtype));
@@ -85,44 +149,31 @@ Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, Reduc
     return Status::OK();
   }
   const PieceMap map(pieces, n, DataTypeSize(dtype));
-  const int64_t bytes = map.total() * DataTypeSize(dtype);
-  const AllreducePath path = Choose(bytes);
+  const AllreducePath path = Choose(map.total() * DataTypeSize(dtype));
   if (path == AllreducePath::kShm) return shm_->Run(map, dtype, op, factor);
-  if (path == AllreducePath::kHierarchical) {
-    Communicator* cross = comm_->cross();
-    const ShmAllreduce::CrossStep step = [&](void* data, int64_t count) {
-      if (cross->size() == 1) return Status::OK();
-      if (count * DataTypeSize(dtype) <= config_.small_allreduce_bytes) {
-        return cross->Allreduce(nullptr, data, count, dtype, op);
-      }
-      return cross_ring_.Run(cross, nullptr, data, count, dtype, op);
-    };
-    return shm_->Run(map, dtype, op, factor, &step);
-  }
-  // Contiguous paths take one piece at a time.
-  for (size_t i = 0; i < n; ++i) {
-    const Piece& p = pieces[i];
-    HORA_RETURN_IF_ERROR(Run(p.in == p.out ? nullptr : p.in, p.out, p.count, dtype, op));
-    if (IsFloatingPoint(dtype) && factor != 1.0) {
-      Kernels().scale_copy(p.out, p.out, p.count, dtype, factor);
+  Communicator* cross = comm_->cross();
+  const ShmAllreduce::CrossStep step = [&](void* data, int64_t count) {
+    if (cross->size() == 1) return Status::OK();
+    if (count * DataTypeSize(dtype) <= settings_.small_allreduce_bytes) {
+      return cross->Allreduce(nullptr, data, count, dtype, op);
     }
-  }
-  return Status::OK();
+    return cross_ring_.Run(cross, nullptr, data, count, dtype, op);
+  };
+  return shm_->Run(map, dtype, op, factor, &step);
 }
 
-Status AllreduceRouter::Run(const void* send, void* recv, int64_t count, DataType dtype,
-                            ReduceOp op) {
+Status AllreduceRouter::RunContiguous(const void* send, void* recv, int64_t count, DataType dtype,
+                                      ReduceOp op) {
   if (comm_->size() == 1) {
     if (send != nullptr && send != recv) std::memcpy(recv, send, count * DataTypeSize(dtype));
     return Status::OK();
   }
-  const AllreducePath path = Choose(count * DataTypeSize(dtype));
-  switch (path) {
+  switch (Choose(count * DataTypeSize(dtype))) {
     case AllreducePath::kRing: return ring_.Run(comm_, send, recv, count, dtype, op);
     case AllreducePath::kShm:
     case AllreducePath::kHierarchical: {
       const Piece piece{send == nullptr ? recv : send, recv, count};
-      return Run(&piece, 1, dtype, op, 1.0);
+      return RunPieces(&piece, 1, dtype, op, 1.0);
     }
     case AllreducePath::kMpi: break;
   }
@@ -131,7 +182,7 @@ Status AllreduceRouter::Run(const void* send, void* recv, int64_t count, DataTyp
 
 std::string AllreduceRouter::Describe() const {
   std::ostringstream text;
-  text << "allreduce=" << config_.allreduce_algorithm << " (small: "
+  text << "allreduce=" << AllreduceAlgorithmName(settings_.algorithm) << " (small: "
        << AllreducePathName(Choose(0)) << ", large: " << AllreducePathName(Choose(INT64_MAX))
        << ")" << ", kernels=" << Kernels().name;
   return text.str();

@@ -1,5 +1,7 @@
 #pragma once
-// Chooses and runs the allreduce algorithm for each call.
+// Runs one (possibly fused) host allreduce: chooses the algorithm, and
+// decides whether the callers' tensors can be reduced where they are or
+// must be staged into one contiguous buffer first.
 //
 //   mpi           the MPI library's own allreduce (latency-optimal for small
 //                 messages; what "auto" uses up to small_allreduce_bytes)
@@ -11,7 +13,8 @@
 // "auto" is mpi for small messages, then shm on one host, hierarchical on
 // several hosts with the same number of ranks each, and ring otherwise.
 // The shared-memory paths reduce straight between the callers' tensors
-// (Piece lists); the others work on one contiguous buffer.
+// (Piece lists); the others work on one contiguous buffer, so several
+// pieces, half types (reduced in float32) and pre-scaled inputs are staged.
 #include <memory>
 #include <string>
 
@@ -19,48 +22,58 @@
 #include "hora/algo/ring_allreduce.h"
 #include "hora/algo/shm_allreduce.h"
 #include "hora/comm/communicator.h"
-#include "hora/core/config.h"
+#include "hora/common/collective.h"
+#include "hora/common/owned_buffer.h"
 
 namespace hora {
 
 enum class AllreducePath { kMpi, kRing, kShm, kHierarchical };
 const char* AllreducePathName(AllreducePath path);
 
+struct AllreduceSettings {
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  // "auto": allreduces up to this many bytes use MPI's latency-optimal one.
+  int64_t small_allreduce_bytes = 64 * 1024;
+  // Bytes of one shared-memory pipeline slot (ShmAllreduce::kSlots per rank).
+  int64_t shm_slot_bytes = 1024 * 1024;
+};
+
 class AllreduceRouter {
  public:
   // Collective: creates the shared-memory segment when a path needs one.
-  static Status Create(Communicator* comm, const Config& config,
+  static Status Create(Communicator* comm, const AllreduceSettings& settings,
                        std::unique_ptr<AllreduceRouter>* out);
 
+  // The path for `bytes` of reduction (in the type reduced on the wire).
   AllreducePath Choose(int64_t bytes) const;
   // Whether "auto" may pick the hierarchical path on several hosts (false:
   // a flat ring across all ranks). Autotuning flips it on every rank at once.
   void SetHierarchical(bool allowed) { hierarchical_allowed_ = allowed; }
   bool HierarchicalAvailable() const {
-    return config_.allreduce_algorithm == "auto" && !one_host_ && hierarchical_ok_ &&
+    return settings_.algorithm == AllreduceAlgorithm::kAuto && !one_host_ && hierarchical_ok_ &&
            shm_ != nullptr;
   }
-  // Whether Choose(bytes) reads and writes Piece lists directly (always,
-  // alone: the result is the input, copied only where it must move).
-  bool TakesPieces(int64_t bytes) const {
-    if (comm_->size() == 1) return true;
-    const AllreducePath path = Choose(bytes);
-    return path == AllreducePath::kShm || path == AllreducePath::kHierarchical;
-  }
 
-  // out = reduce(in) * factor over the pieces (floating types; integers
-  // are not scaled). Half types are widened by the caller.
-  Status Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op, double factor);
-  // Contiguous form; `send == nullptr` means in place. No scaling.
-  Status Run(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
+  // out[k] = reduce over ranks of (in[k] * prescale), times `factor`, for
+  // the pieces laid end to end (a contiguous buffer is one piece; `in` may
+  // equal `out`). Integer types are neither pre- nor post-scaled. Every
+  // rank must pass the same dtype, op, prescale and total count; the pieces
+  // themselves may differ (a rank that has joined passes neutral values).
+  Status Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op, double prescale,
+             double factor);
 
   std::string Describe() const;
 
  private:
-  AllreduceRouter(Communicator* comm, const Config& config) : comm_(comm), config_(config) {}
+  AllreduceRouter(Communicator* comm, const AllreduceSettings& settings)
+      : comm_(comm), settings_(settings) {}
+  // The pieces themselves, through the shared-memory paths (or a copy alone).
+  Status RunPieces(const Piece* pieces, size_t n, DataType dtype, ReduceOp op, double factor);
+  // One contiguous buffer; `send == nullptr` means in place. No scaling.
+  Status RunContiguous(const void* send, void* recv, int64_t count, DataType dtype, ReduceOp op);
 
   Communicator* comm_;
-  Config config_;
+  AllreduceSettings settings_;
   bool one_host_ = false;
   bool hierarchical_ok_ = false;
   bool hierarchical_allowed_ = true;
@@ -68,6 +81,7 @@ class AllreduceRouter {
   std::unique_ptr<ShmAllreduce> shm_;
   RingAllreduce ring_;
   RingAllreduce cross_ring_;
+  FusionBuffer staging_;
 };
 
 }  // namespace hora

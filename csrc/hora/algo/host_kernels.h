@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "hora/common/dtype.h"
-#include "hora/core/message.h"
+#include "hora/common/collective.h"
 
 namespace hora {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "hora/common/dtype.h"
-#include "hora/core/message.h"
+#include "hora/common/collective.h"
 
 namespace hora {
 

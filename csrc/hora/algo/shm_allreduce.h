@@ -26,7 +26,7 @@
 
 #include "hora/algo/pieces.h"
 #include "hora/comm/shm/shm_segment.h"
-#include "hora/core/message.h"
+#include "hora/common/collective.h"
 
 namespace hora {
 

@@ -92,9 +92,7 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_SPIN_US", nullptr), 0, &result.spin_us));
   const Source algorithm = Find(lookup, "HORA_ALLREDUCE_ALGORITHM", nullptr);
   if (algorithm.value != nullptr) {
-    result.allreduce_algorithm = algorithm.value;
-    const std::string& a = result.allreduce_algorithm;
-    if (a != "auto" && a != "mpi" && a != "ring" && a != "shm" && a != "hierarchical") {
+    if (!ParseAllreduceAlgorithm(algorithm.value, &result.allreduce_algorithm)) {
       return Invalid(algorithm, "one of auto, mpi, ring, shm, hierarchical");
     }
   }
@@ -145,7 +143,7 @@ std::string Config::Describe() const {
   std::ostringstream text;
   text << "fusion_threshold_bytes=" << fusion_threshold_bytes
        << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
-       << " allreduce_algorithm=" << allreduce_algorithm
+       << " allreduce_algorithm=" << AllreduceAlgorithmName(allreduce_algorithm)
        << " small_allreduce_bytes=" << small_allreduce_bytes << " shm_slot_bytes=" << shm_slot_bytes
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
        << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "hora/common/collective.h"
 #include "hora/common/logging.h"
 #include "hora/common/status.h"
 
@@ -19,11 +20,8 @@ struct Config {
   double cycle_time_ms = 0.0;
   int64_t cache_capacity = 1024;
   LogLevel log_level = LogLevel::kWarning;
-  // Which allreduce algorithm runs: "auto" picks by size and placement
-  // (MPI's own for small messages; shared memory on one host; hierarchical
-  // across hosts), or one of "mpi", "ring", "shm", "hierarchical" for every
-  // size, which is how the tests cover each path.
-  std::string allreduce_algorithm = "auto";
+  // Parsed once from HORA_ALLREDUCE_ALGORITHM (see common/collective.h).
+  AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;
   // "auto": allreduces up to this many bytes use MPI's latency-optimal one.
   int64_t small_allreduce_bytes = 64 * 1024;
   // GPU allreduce across hosts: NCCL reduce-scatter inside each host, MPI

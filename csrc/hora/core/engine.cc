@@ -68,8 +68,12 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   HORA_RETURN_IF_ERROR(WakeupChannel::Create(engine->comm_.get(), &engine->wakeup_)
                            .WithContext("starting the engine"));
   HORA_RETURN_IF_ERROR(SelectKernels(config.cpu_kernels));
+  AllreduceSettings settings;
+  settings.algorithm = config.allreduce_algorithm;
+  settings.small_allreduce_bytes = config.small_allreduce_bytes;
+  settings.shm_slot_bytes = config.shm_slot_bytes;
   std::unique_ptr<AllreduceRouter> router;
-  HORA_RETURN_IF_ERROR(AllreduceRouter::Create(engine->comm_.get(), config, &router));
+  HORA_RETURN_IF_ERROR(AllreduceRouter::Create(engine->comm_.get(), settings, &router));
   engine->executor_.SetRouter(std::move(router));
   if (engine->comm_->rank() == 0) {
     HORA_LOG(kDebug) << "engine started on " << engine->comm_->size() << " ranks over "
@@ -94,7 +98,9 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
     // Only rank 0 opens the file: failing init there alone would leave the
     // other ranks waiting for it, so a bad path is reported, not fatal.
     Status timeline = engine->StartTimeline(config.timeline_path, config.timeline_mark_cycles);
-    if (!timeline.ok()) HORA_LOG(kError) << "HORA_TIMELINE: " << timeline.message();
+    if (!timeline.ok()) {
+      HORA_LOG(kError) << "HORA_TIMELINE: " << timeline.message();
+    }
   }
   // Every rank made it through a new init together: MPI works again.
   g_job_broken = false;

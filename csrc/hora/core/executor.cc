@@ -15,57 +15,17 @@ bool SameAllreduce(const Response& a, const Response& b) {
          a.contributors == b.contributors;
 }
 
-// What the transport reduces: half types are widened to float32.
-DataType WireType(DataType dtype) { return IsHalf(dtype) ? DataType::kFloat32 : dtype; }
-
-// Elements per row: the product of every dimension after the first.
-int64_t RowElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
-  return n;
-}
-
-double PostFactor(const Response& r) {
-  double factor = r.postscale;
-  if (r.op == ReduceOp::kAverage && IsFloatingPoint(r.dtype)) factor /= r.contributors;
-  return factor;
-}
-
-// Copies `count` wire-type elements at `src` to the caller's output,
-// applying the post-scale (and the integer Average division).
-void Unpack(const char* src, void* dst, int64_t count, const Response& r) {
-  const double factor = PostFactor(r);
-  if (IsHalf(r.dtype)) {
-    NarrowFromFloat(reinterpret_cast<const float*>(src), dst, count, r.dtype, factor);
-  } else if (IsFloatingPoint(r.dtype)) {
-    ScaleCopy(src, dst, count, r.dtype, factor);
-  } else {
-    if (src != dst) std::memcpy(dst, src, count * DataTypeSize(r.dtype));
-    if (r.op == ReduceOp::kAverage) DivideInPlace(dst, count, r.dtype, r.contributors);
-  }
-}
-
-// Copies (or fills, for a rank that has joined) one tensor into wire type.
-void Pack(const TensorEntry* entry, char* dst, int64_t count, const Response& r) {
-  const DataType wire = WireType(r.dtype);
-  if (entry == nullptr) {
-    FillNeutral(dst, count, wire, r.op);
-  } else if (IsHalf(r.dtype)) {
-    WidenToFloat(entry->input.data, reinterpret_cast<float*>(dst), count, r.dtype, r.prescale);
-  } else {
-    ScaleCopy(entry->input.data, dst, count, r.dtype, r.prescale);
-  }
-}
-
 }  // namespace
 
-size_t Executor::FuseFrom(const std::vector<Response>& responses, size_t first) const {
+size_t FusedBatchEnd(const std::vector<Response>& responses, size_t first,
+                     int64_t threshold_bytes) {
   const Response& head = responses[first];
-  int64_t bytes = head.NumElements() * DataTypeSize(WireType(head.dtype));
+  const int64_t element = DataTypeSize(WireType(head.dtype, head.on_gpu));
+  int64_t bytes = head.NumElements() * element;
   size_t end = first + 1;
   while (end < responses.size() && SameAllreduce(head, responses[end])) {
-    const int64_t more = responses[end].NumElements() * DataTypeSize(WireType(head.dtype));
-    if (bytes + more > fusion_threshold_bytes_) break;
+    const int64_t more = responses[end].NumElements() * element;
+    if (bytes + more > threshold_bytes) break;
     bytes += more;
     ++end;
   }
@@ -101,7 +61,7 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
       continue;
     }
     if (r.kind == CollectiveKind::kAllreduce) {
-      const size_t end = FuseFrom(responses, i);
+      const size_t end = FusedBatchEnd(responses, i, fusion_threshold_bytes_);
       HORA_RETURN_IF_ERROR(RunAllreduce(&responses[i], end - i, decided));
       i = end;
       continue;
@@ -112,21 +72,9 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
       return Status::Internal("no local tensor for " + std::string(CollectiveKindName(r.kind)) +
                               " '" + r.name + "'");
     }
-    Status status;
     Phases phases;
     phases.start = Timeline::Clock::now();
-    if (r.on_gpu) {
-      status = RunGpu(r, entry);
-    } else {
-      switch (r.kind) {
-        case CollectiveKind::kAllgather: status = RunAllgather(r, entry); break;
-        case CollectiveKind::kBroadcast: status = RunBroadcast(r, entry); break;
-        case CollectiveKind::kAlltoall: status = RunAlltoall(r, entry); break;
-        case CollectiveKind::kReducescatter: status = RunReducescatter(r, entry); break;
-        case CollectiveKind::kBarrier: break;  // negotiation itself was the barrier
-        default: status = Status::Internal("unexpected collective kind");
-      }
-    }
+    Status status = RunOne(r, entry);
     if (timeline_->active()) {
       phases.copied_in = phases.start;
       phases.reduced = phases.copied_out = Timeline::Clock::now();
@@ -155,29 +103,24 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   std::vector<bool> present;
   queue_->TakeEntries(batch, batch_size, entries.data(), &present);
   const Response& head = batch[0];
-  const DataType wire = WireType(head.dtype);
-  const int64_t element = DataTypeSize(wire);
+  const CollectivePlan plan = PlanCollective(head, head.shape, comm_->rank(), comm_->size());
   int64_t total = 0;
   for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
+  const int64_t bytes = total * DataTypeSize(plan.wire);
   Status status;
-  GpuBackend* gpu = nullptr;
   if (head.on_gpu) {
     const TensorEntry* any = nullptr;
     for (size_t k = 0; k < batch_size && any == nullptr; ++k) any = present[k] ? &entries[k] : nullptr;
+    GpuExecutor* gpu = nullptr;
     status = Gpu(any, &gpu);
     phases.copied_in = Timeline::Clock::now();
-    if (status.ok()) status = gpu->Allreduce(batch, batch_size, entries.data(), present);
+    if (status.ok()) status = gpu->Allreduce(batch, batch_size, entries.data(), present, plan);
     phases.reduced = Timeline::Clock::now();
-  } else if (!IsHalf(head.dtype) && head.prescale == 1.0 && router_->TakesPieces(total * element)) {
-    // Every rank must pick the same branch (the shared-memory paths apply the
-  // scale factor to the sub-slice each rank owns), so the choice depends
-  // only on the responses, never on which tensors this rank has.
-    // Shared-memory paths read the callers' tensors and write their outputs
-    // directly, scaling on the way out: no fusion buffer, no extra pass.
+  } else {
     // A rank that has joined contributes neutral values from scratch space.
     int64_t absent = 0;
     for (size_t k = 0; k < batch_size; ++k) absent += present[k] ? 0 : batch[k].NumElements();
-    char* scratch = absent > 0 ? fusion_buffer_.Get(absent * element) : nullptr;
+    char* scratch = absent > 0 ? fusion_buffer_.Get(absent * DataTypeSize(head.dtype)) : nullptr;
     pieces_.clear();
     for (size_t k = 0; k < batch_size; ++k) {
       const int64_t count = batch[k].NumElements();
@@ -186,57 +129,25 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
       } else {
         FillNeutral(scratch, count, head.dtype, head.op);
         pieces_.push_back(Piece{scratch, scratch, count});
-        scratch += count * element;
+        scratch += count * DataTypeSize(head.dtype);
       }
     }
-    const double factor = IsFloatingPoint(head.dtype) ? PostFactor(head) : 1.0;
     phases.copied_in = Timeline::Clock::now();
-    status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, factor);
+    status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, plan.prescale,
+                          plan.post_factor);
     phases.reduced = Timeline::Clock::now();
-    if (status.ok() && !IsFloatingPoint(head.dtype) && head.op == ReduceOp::kAverage) {
+    if (status.ok() && plan.divisor != 1) {
       for (size_t k = 0; k < batch_size; ++k) {
-        if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, head.contributors);
+        if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, plan.divisor);
       }
-    }
-  } else if (batch_size == 1 && present[0] && !IsHalf(head.dtype)) {
-    // A lone tensor is reduced straight from the caller's memory.
-    TensorEntry& e = entries[0];
-    const int64_t count = head.NumElements();
-    const void* send = e.input.data;
-    if (head.prescale != 1.0) {
-      ScaleCopy(e.input.data, e.output, count, head.dtype, head.prescale);
-      send = nullptr;
-    } else if (e.input.data == e.output) {
-      send = nullptr;
-    }
-    phases.copied_in = Timeline::Clock::now();
-    status = router_->Run(send, e.output, count, head.dtype, head.op);
-    phases.reduced = Timeline::Clock::now();
-    if (status.ok()) Unpack(static_cast<char*>(e.output), e.output, count, head);
-  } else {
-    char* buffer = fusion_buffer_.Get(total * element);
-    int64_t offset = 0;
-    for (size_t k = 0; k < batch_size; ++k) {
-      const int64_t count = batch[k].NumElements();
-      Pack(present[k] ? &entries[k] : nullptr, buffer + offset * element, count, batch[k]);
-      offset += count;
-    }
-    phases.copied_in = Timeline::Clock::now();
-    status = router_->Run(nullptr, buffer, total, wire, head.op);
-    phases.reduced = Timeline::Clock::now();
-    offset = 0;
-    for (size_t k = 0; k < batch_size && status.ok(); ++k) {
-      const int64_t count = batch[k].NumElements();
-      if (present[k]) Unpack(buffer + offset * element, entries[k].output, count, batch[k]);
-      offset += count;
     }
   }
   phases.copied_out = Timeline::Clock::now();
-  allreduced_bytes_ += total * element;
+  allreduced_bytes_ += bytes;
   if (timeline_->active()) {
-    std::string path = head.on_gpu ? "nccl" : AllreducePathName(router_->Choose(total * element));
+    std::string path = head.on_gpu ? "nccl" : AllreducePathName(router_->Choose(bytes));
     for (char& c : path) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    Record(batch, batch_size, "ALLREDUCE", path + "_ALLREDUCE", decided, phases, total * element);
+    Record(batch, batch_size, "ALLREDUCE", path + "_ALLREDUCE", decided, phases, bytes);
   }
   if (!status.ok()) {
     status = status.WithContext(
@@ -252,43 +163,56 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   return status;
 }
 
-Status Executor::Gpu(const TensorEntry* entry, GpuBackend** out) {
+Status Executor::Gpu(const TensorEntry* entry, GpuExecutor** out) {
   if (!gpu_) {
-    // -1 (a rank that has joined): the backend picks the device itself, in
+    // -1 (a rank that has joined): the executor picks the device itself, in
     // the step whose failures every rank learns about.
     const int device = entry != nullptr ? entry->input.device : -1;
-    HORA_RETURN_IF_ERROR(gpu::CreateBackend(comm_, config_, device, &gpu_));
+    HORA_RETURN_IF_ERROR(
+        CreateGpuExecutor(comm_, config_.gpu_hierarchical_allreduce, device, &gpu_));
   }
   *out = gpu_.get();
   return Status::OK();
 }
 
-Status Executor::RunGpu(const Response& r, TensorEntry& e) {
-  GpuBackend* gpu = nullptr;
-  HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
+Status Executor::RunOne(const Response& r, TensorEntry& e) {
+  if (r.kind == CollectiveKind::kBarrier) return Status::OK();  // negotiation was the barrier
+  const CollectivePlan plan = PlanCollective(r, e.input.shape, comm_->rank(), comm_->size());
+  if (r.on_gpu) {
+    GpuExecutor* gpu = nullptr;
+    HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
+    return gpu->Run(r, e, plan);
+  }
   switch (r.kind) {
-    case CollectiveKind::kAllgather: return gpu->Allgather(r, e);
-    case CollectiveKind::kBroadcast: return gpu->Broadcast(r, e);
-    case CollectiveKind::kAlltoall: return gpu->Alltoall(r, e);
-    case CollectiveKind::kReducescatter: return gpu->Reducescatter(r, e);
-    default: return Status::Internal("unexpected GPU collective kind");
+    case CollectiveKind::kAllgather: return RunAllgather(e, plan);
+    case CollectiveKind::kBroadcast: return RunBroadcast(r, e);
+    case CollectiveKind::kAlltoall: return RunAlltoall(e, plan);
+    case CollectiveKind::kReducescatter: return RunReducescatter(r, e, plan);
+    default: return Status::Internal("unexpected collective kind");
   }
 }
 
-Status Executor::RunAllgather(const Response& r, TensorEntry& e) {
-  const int size = comm_->size();
-  const int64_t row_elements = RowElements(e.input.shape);
-  const int64_t row_bytes = row_elements * DataTypeSize(r.dtype);
-  std::vector<int64_t> recv_bytes(size);
-  int64_t total_rows = 0;
-  for (int k = 0; k < size; ++k) {
-    recv_bytes[k] = r.first_dims[k] * row_bytes;
-    total_rows += r.first_dims[k];
-  }
-  e.work->output = std::make_shared<OwnedBuffer>(total_rows * row_bytes);
-  e.work->output_shape = e.input.shape;
-  e.work->output_shape[0] = total_rows;
-  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), e.work->output->data(), recv_bytes);
+namespace {
+
+std::vector<int64_t> Bytes(const std::vector<int64_t>& counts, int64_t element) {
+  std::vector<int64_t> out(counts.size());
+  for (size_t k = 0; k < counts.size(); ++k) out[k] = counts[k] * element;
+  return out;
+}
+
+// The result buffer of a collective whose output the core allocates.
+char* Allocate(TensorEntry& e, int64_t bytes, const CollectivePlan& plan) {
+  e.work->output = std::make_shared<OwnedBuffer>(bytes);
+  e.work->output_shape = plan.output_shape;
+  return e.work->output->data();
+}
+
+}  // namespace
+
+Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
+  const int64_t element = DataTypeSize(e.input.dtype);
+  char* out = Allocate(e, plan.recv_total * element, plan);
+  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out, Bytes(plan.recv_counts, element));
 }
 
 Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {
@@ -298,53 +222,41 @@ Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {
   return comm_->Broadcast(e.output, e.input.NumBytes(), r.root);
 }
 
-Status Executor::RunAlltoall(const Response& r, TensorEntry& e) {
-  const int size = comm_->size();
-  const int me = comm_->rank();
-  const int64_t row_bytes = RowElements(e.input.shape) * DataTypeSize(r.dtype);
-  std::vector<int64_t> send_bytes(size), recv_bytes(size);
-  e.work->received_splits.assign(size, 0);
-  int64_t total_rows = 0;
-  for (int k = 0; k < size; ++k) {
-    send_bytes[k] = r.splits[me * size + k] * row_bytes;
-    e.work->received_splits[k] = r.splits[k * size + me];
-    recv_bytes[k] = e.work->received_splits[k] * row_bytes;
-    total_rows += e.work->received_splits[k];
-  }
-  e.work->output = std::make_shared<OwnedBuffer>(total_rows * row_bytes);
-  e.work->output_shape = e.input.shape;
-  e.work->output_shape[0] = total_rows;
-  return comm_->Alltoallv(e.input.data, send_bytes, e.work->output->data(), recv_bytes);
+Status Executor::RunAlltoall(TensorEntry& e, const CollectivePlan& plan) {
+  const int64_t element = DataTypeSize(e.input.dtype);
+  char* out = Allocate(e, plan.recv_total * element, plan);
+  e.work->received_splits = plan.received_splits;
+  return comm_->Alltoallv(e.input.data, Bytes(plan.send_counts, element), out,
+                          Bytes(plan.recv_counts, element));
 }
 
-Status Executor::RunReducescatter(const Response& r, TensorEntry& e) {
-  const int size = comm_->size();
-  const int64_t rows = e.input.shape[0];
-  const int64_t row_elements = RowElements(e.input.shape);
-  // The first rows % size ranks get one extra row, as in Horovod.
-  std::vector<int64_t> counts(size);
-  for (int k = 0; k < size; ++k) counts[k] = rows / size + (k < rows % size ? 1 : 0);
-  const int64_t my_rows = counts[comm_->rank()];
-  for (int64_t& c : counts) c *= row_elements;
-  const int64_t mine = counts[comm_->rank()];
-  const DataType wire = WireType(r.dtype);
+Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const CollectivePlan& plan) {
+  const int64_t mine = plan.recv_counts[comm_->rank()];
+  char* out = Allocate(e, mine * DataTypeSize(r.dtype), plan);
+  const DataType wire = plan.wire;
   const int64_t element = DataTypeSize(wire);
-  e.work->output = std::make_shared<OwnedBuffer>(mine * DataTypeSize(r.dtype));
-  e.work->output_shape = e.input.shape;
-  e.work->output_shape[0] = my_rows;
-  const int64_t total = e.input.NumElements();
-  const bool staged = IsHalf(r.dtype) || r.prescale != 1.0;
+  const int64_t total = plan.recv_total;
+  const bool staged = wire != r.dtype || plan.prescale != 1.0;
   const void* send = e.input.data;
-  char* recv = e.work->output->data();
+  char* recv = out;
   if (staged) {
     // Staging: the input (widened and pre-scaled) first, then the result.
     char* buffer = fusion_buffer_.Get((total + mine) * element);
-    Pack(&e, buffer, total, r);
+    if (IsHalf(r.dtype)) {
+      WidenToFloat(e.input.data, reinterpret_cast<float*>(buffer), total, r.dtype, plan.prescale);
+    } else {
+      ScaleCopy(e.input.data, buffer, total, r.dtype, plan.prescale);
+    }
     send = buffer;
     recv = buffer + total * element;
   }
-  HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, counts, wire, r.op));
-  Unpack(recv, e.work->output->data(), mine, r);
+  HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, plan.recv_counts, wire, r.op));
+  if (IsHalf(r.dtype)) {
+    NarrowFromFloat(reinterpret_cast<const float*>(recv), out, mine, r.dtype, plan.post_factor);
+  } else if (plan.post_factor != 1.0 || recv != out) {
+    ScaleCopy(recv, out, mine, r.dtype, plan.post_factor);
+  }
+  if (plan.divisor != 1) DivideInPlace(out, mine, r.dtype, plan.divisor);
   return Status::OK();
 }
 

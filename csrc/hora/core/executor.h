@@ -1,20 +1,29 @@
 #pragma once
 // Runs the responses a cycle produced, in order, on this rank: fuses
-// adjacent compatible allreduces into one buffer, calls the communicator,
-// unpacks and scales, and completes each caller's Work.
+// adjacent compatible allreduces into one batch, works out each
+// collective's CollectivePlan, hands the bytes to the allreduce router, the
+// communicator or the GPU executor, and completes each caller's Work.
 #include <memory>
 #include <vector>
 
 #include "hora/algo/allreduce_router.h"
 #include "hora/comm/communicator.h"
+#include "hora/common/owned_buffer.h"
+#include "hora/core/collective_plan.h"
 #include "hora/core/config.h"
-#include "hora/core/fusion_buffer.h"
+#include "hora/core/gpu_executor.h"
 #include "hora/core/message.h"
 #include "hora/core/tensor_queue.h"
 #include "hora/core/timeline.h"
-#include "hora/gpu/gpu_backend.h"
 
 namespace hora {
+
+// The end of the fused batch that starts at responses[first]: the following
+// allreduces that agree with it on device, dtype, op, scale factors and
+// contributors, as long as their wire bytes stay within `threshold_bytes`
+// (the first always runs, however large).
+size_t FusedBatchEnd(const std::vector<Response>& responses, size_t first,
+                     int64_t threshold_bytes);
 
 class Executor {
  public:
@@ -43,7 +52,6 @@ class Executor {
   }
 
  private:
-  size_t FuseFrom(const std::vector<Response>& responses, size_t first) const;
   // Runs batch[0..batch_size) as one fused allreduce.
   Status RunAllreduce(const Response* batch, size_t batch_size, Timeline::Clock::time_point decided);
   // Timeline spans for one collective over `batch` (copy phases only when
@@ -54,18 +62,19 @@ class Executor {
   void Record(const Response* batch, size_t batch_size, const std::string& kind,
               const std::string& collective, Timeline::Clock::time_point decided,
               const Phases& phases, int64_t bytes);
-  Status RunAllgather(const Response& response, TensorEntry& entry);
+  Status RunOne(const Response& response, TensorEntry& entry);
+  Status RunAllgather(TensorEntry& entry, const CollectivePlan& plan);
   Status RunBroadcast(const Response& response, TensorEntry& entry);
-  Status RunAlltoall(const Response& response, TensorEntry& entry);
-  Status RunReducescatter(const Response& response, TensorEntry& entry);
-  // GPU tensors go to the GPU backend, made on first use.
-  Status Gpu(const TensorEntry* entry, GpuBackend** out);
-  Status RunGpu(const Response& response, TensorEntry& entry);
+  Status RunAlltoall(TensorEntry& entry, const CollectivePlan& plan);
+  Status RunReducescatter(const Response& response, TensorEntry& entry,
+                          const CollectivePlan& plan);
+  // GPU tensors go to the GPU executor, made on first use.
+  Status Gpu(const TensorEntry* entry, GpuExecutor** out);
 
   Communicator* comm_;
   TensorQueue* queue_;
   Config config_;
-  std::unique_ptr<GpuBackend> gpu_;
+  std::unique_ptr<GpuExecutor> gpu_;
   int64_t fusion_threshold_bytes_;
   FusionBuffer fusion_buffer_;
   std::unique_ptr<AllreduceRouter> router_;

@@ -68,31 +68,6 @@ int64_t Product(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-const char* CollectiveKindName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllreduce: return "allreduce";
-    case CollectiveKind::kAllgather: return "allgather";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAlltoall: return "alltoall";
-    case CollectiveKind::kReducescatter: return "reducescatter";
-    case CollectiveKind::kBarrier: return "barrier";
-    case CollectiveKind::kParameters: return "parameters";
-  }
-  return "unknown";
-}
-
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kAverage: return "Average";
-    case ReduceOp::kSum: return "Sum";
-    case ReduceOp::kAdasum: return "Adasum";
-    case ReduceOp::kMin: return "Min";
-    case ReduceOp::kMax: return "Max";
-    case ReduceOp::kProduct: return "Product";
-  }
-  return "unknown";
-}
-
 int64_t Request::NumElements() const { return Product(shape); }
 int64_t Response::NumElements() const { return Product(shape); }
 

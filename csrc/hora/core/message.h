@@ -7,36 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "hora/common/collective.h"
 #include "hora/common/dtype.h"
 #include "hora/common/status.h"
 
 namespace hora {
-
-enum class CollectiveKind : uint8_t {
-  kAllreduce = 0,
-  kAllgather = 1,
-  kBroadcast = 2,
-  kAlltoall = 3,
-  kReducescatter = 4,
-  kBarrier = 5,
-  // Not a collective: rank 0's new engine settings (autotuning), which every
-  // rank applies on the same cycle. shape = {fusion threshold bytes, cycle
-  // time in microseconds}.
-  kParameters = 6,
-};
-const char* CollectiveKindName(CollectiveKind kind);
-
-// Numbered as Horovod numbers them, so user code passing the integers keeps
-// its meaning.
-enum class ReduceOp : uint8_t {
-  kAverage = 0,
-  kSum = 1,
-  kAdasum = 2,
-  kMin = 3,
-  kMax = 4,
-  kProduct = 5,
-};
-const char* ReduceOpName(ReduceOp op);
 
 struct Request {
   int32_t rank = 0;

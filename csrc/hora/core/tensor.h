@@ -3,12 +3,12 @@
 // framework owns, plus the owned buffers the core hands back when an
 // output's size is only known after negotiation (allgather, alltoall).
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "hora/common/dtype.h"
+#include "hora/common/owned_buffer.h"
 
 namespace hora {
 
@@ -24,26 +24,6 @@ struct TensorView {
     return n;
   }
   int64_t NumBytes() const { return NumElements() * DataTypeSize(dtype); }
-};
-
-// 64-byte aligned host memory so reduction loops vectorize on any slice.
-class OwnedBuffer {
- public:
-  explicit OwnedBuffer(int64_t bytes) : size_(bytes) {
-    const size_t rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
-    data_ = static_cast<char*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
-    if (data_ == nullptr) throw std::bad_alloc();
-  }
-  ~OwnedBuffer() { std::free(data_); }
-  OwnedBuffer(const OwnedBuffer&) = delete;
-  OwnedBuffer& operator=(const OwnedBuffer&) = delete;
-
-  char* data() { return data_; }
-  int64_t size() const { return size_; }
-
- private:
-  char* data_;
-  int64_t size_;
 };
 
 // GPU memory the core allocated for a result whose size was only known after

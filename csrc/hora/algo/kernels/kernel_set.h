@@ -10,7 +10,7 @@
 
 #include "hora/common/dtype.h"
 #include "hora/common/status.h"
-#include "hora/core/message.h"
+#include "hora/common/collective.h"
 
 namespace hora {
 

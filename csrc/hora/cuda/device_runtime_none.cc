@@ -1,11 +1,10 @@
 // The GPU entry points of a CPU-only build: GPU tensors are refused before
 // they reach the engine (the framework adapters stage them through host
 // memory instead), so these only explain what is missing.
-#include "hora/gpu/gpu_backend.h"
+#include "hora/cuda/device_runtime.h"
 
 namespace hora {
 namespace gpu {
-namespace {
 
 Status NotBuilt() {
   return Status::InvalidArgument(
@@ -13,13 +12,7 @@ Status NotBuilt() {
       "(see `horarun --check-build`), or pass host tensors");
 }
 
-}  // namespace
-
 bool BuiltIn() { return false; }
-
-Status CreateBackend(Communicator*, const Config&, int, std::unique_ptr<GpuBackend>*) {
-  return NotBuilt();
-}
 
 Status DefaultDevice(int, int*) { return NotBuilt(); }
 

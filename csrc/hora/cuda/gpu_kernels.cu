@@ -1,4 +1,4 @@
-#include "hora/gpu/gpu_kernels.h"
+#include "hora/cuda/gpu_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

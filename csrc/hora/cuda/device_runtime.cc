@@ -1,7 +1,6 @@
 // The process-wide GPU helpers of a CUDA build: the pool of ready events
-// that submissions record, device lookups and version reporting.
+// that submissions record, device lookups and CUDA version reporting.
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <atomic>
 #include <mutex>
@@ -9,8 +8,8 @@
 #include <vector>
 
 #include "hora/common/build_config.h"
-#include "hora/gpu/cuda_status.h"
-#include "hora/gpu/gpu_backend.h"
+#include "hora/cuda/cuda_status.h"
+#include "hora/cuda/device_runtime.h"
 
 
 namespace hora {
@@ -123,18 +122,7 @@ std::map<std::string, std::string> VersionInfo() {
   info["cuda_driver"] = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0
                             ? VersionString(driver, 1000, 10, 100)
                             : "none (no NVIDIA driver on this machine)";
-  info["nccl_compiled"] = std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
-                          std::to_string(NCCL_PATCH);
-  int nccl = 0;
-  if (ncclGetVersion(&nccl) == ncclSuccess) {
-    // NCCL_VERSION(X,Y,Z) is X*10000 + Y*100 + Z since 2.9.
-    info["nccl"] = std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
-                   std::to_string(nccl % 100);
-  } else {
-    info["nccl"] = "unknown";
-  }
   info["cuda_architectures"] = HORA_CUDA_ARCHITECTURES;
-  info["nccl_source"] = HORA_NCCL_SOURCE;
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   info["cuda_devices"] = error == cudaSuccess ? std::to_string(count)

@@ -1,0 +1,98 @@
+#pragma once
+// An in-process transport: the ranks are threads of one process and
+// messages are copies through shared queues. It lets the engine's pieces
+// (negotiation, algorithms, the collective plan) be tested with any number
+// of ranks in milliseconds, without MPI or a launcher; it is not a
+// production transport.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hora/comm/communicator.h"
+
+namespace hora {
+
+// The shared state of one group of thread-ranks: a FIFO of messages for
+// every (source, destination, tag).
+class LocalWorld {
+ public:
+  explicit LocalWorld(int size) : size_(size) {}
+  int size() const { return size_; }
+  void Send(int source, int dest, int tag, const void* data, int64_t bytes);
+  // Blocks until a message arrives, or fails after `timeout` (a test whose
+  // peer never sends reports that instead of hanging).
+  Status Receive(int source, int dest, int tag, std::string* message);
+
+  std::chrono::milliseconds timeout{60000};
+
+ private:
+  int size_;
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::map<std::tuple<int, int, int>, std::deque<std::string>> queues_;
+};
+
+class LocalCommunicator : public Communicator {
+ public:
+  // One communicator per rank of a job of `size` ranks, `ranks_per_host`
+  // to a (pretend) host: the hierarchical algorithms see `size /
+  // ranks_per_host` hosts, each rank's local() the ranks of its host and
+  // cross() the ranks with its local rank on every host.
+  static std::vector<std::unique_ptr<LocalCommunicator>> CreateWorld(int size,
+                                                                     int ranks_per_host = 0);
+
+  const Topology& topology() const override { return topology_; }
+  Status AllreduceBitAnd(uint64_t* words, int count) override;
+  Status GatherBytes(const std::string& mine, int root, std::vector<std::string>* all) override;
+  Status BroadcastBytes(std::string* data, int root) override;
+  Status Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
+                   ReduceOp op) override;
+  Status Allgatherv(const void* send, int64_t send_bytes, void* recv,
+                    const std::vector<int64_t>& recv_bytes) override;
+  Status Broadcast(void* buffer, int64_t bytes, int root) override;
+  Status Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& recv_counts,
+                       DataType dtype, ReduceOp op) override;
+  Status Barrier() override;
+  Status PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) override;
+  Status PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) override;
+  Status Wait(int id) override;
+  Status WaitAll() override;
+  void SetBlockingCollectives(bool) override {}
+  // How long a receive waits before failing (default one minute).
+  void SetTimeout(std::chrono::milliseconds timeout) { world_->timeout = timeout; }
+  Communicator* local() override { return local_.get(); }
+  Communicator* cross() override { return cross_.get(); }
+  std::string Describe() const override;
+
+ private:
+  LocalCommunicator(std::shared_ptr<LocalWorld> world, Topology topology)
+      : world_(std::move(world)), topology_(std::move(topology)) {}
+  Status ReceiveExactly(int source, int tag, void* buffer, int64_t bytes);
+
+  std::shared_ptr<LocalWorld> world_;
+  Topology topology_;
+  std::unique_ptr<LocalCommunicator> local_;
+  std::unique_ptr<LocalCommunicator> cross_;
+  // Posted receives, completed in the order they were posted so that two
+  // receives from one (source, tag) match messages in order, as in MPI.
+  struct Pending {
+    int id;
+    void* buffer;
+    int64_t bytes;
+    int source;
+    int tag;
+  };
+  std::deque<Pending> pending_;
+  int next_id_ = 0;
+};
+
+}  // namespace hora

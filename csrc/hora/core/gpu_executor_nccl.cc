@@ -1,0 +1,387 @@
+#include "hora/core/gpu_executor_nccl.h"
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "hora/algo/host_kernels.h"
+#include "hora/common/logging.h"
+#include "hora/cuda/cuda_status.h"
+#include "hora/cuda/device_runtime.h"
+
+namespace hora {
+namespace gpu {
+namespace {
+
+// The element a rank that has joined contributes, as raw bits.
+uint64_t NeutralPattern(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
+    const bool half = dtype == DataType::kFloat16;
+    switch (op) {
+      case ReduceOp::kProduct: return half ? 0x3C00 : 0x3F80;  // 1
+      case ReduceOp::kMin: return half ? 0x7C00 : 0x7F80;      // +inf
+      case ReduceOp::kMax: return half ? 0xFC00 : 0xFF80;      // -inf
+      default: return 0;
+    }
+  }
+  uint64_t pattern = 0;
+  FillNeutral(&pattern, 1, dtype, op);
+  return pattern;
+}
+
+int64_t Align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+std::vector<int64_t> Scaled(const std::vector<int64_t>& counts, int64_t factor) {
+  std::vector<int64_t> out(counts.size());
+  for (size_t k = 0; k < counts.size(); ++k) out[k] = counts[k] * factor;
+  return out;
+}
+
+uint64_t HashName(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// What each rank tells the others about its GPU before NCCL starts.
+struct DeviceCard {
+  uint8_t uuid[16];
+  uint64_t host;
+  int32_t rank;
+  int32_t device;
+  int32_t ok;
+  int32_t pad;
+};
+
+}  // namespace
+
+Status NcclExecutor::Create(Communicator* comm, bool hierarchical, int device,
+                            std::unique_ptr<GpuExecutor>* out) {
+  std::unique_ptr<NcclExecutor> executor(new NcclExecutor(comm, device));
+  HORA_RETURN_IF_ERROR(executor->Init(hierarchical));
+  *out = std::move(executor);
+  return Status::OK();
+}
+
+Status NcclExecutor::Init(bool hierarchical) {
+  HORA_RETURN_IF_ERROR(CheckDistinctDevices());
+  HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_, &nccl_));
+  const Topology& t = comm_->topology();
+  const bool usable = t.cross_size > 1 && t.homogeneous && comm_->local() != nullptr &&
+                      comm_->cross() != nullptr;
+  if (hierarchical && !usable) {
+    HORA_LOG(kInfo) << "HORA_HIERARCHICAL_ALLREDUCE: not used (it needs several hosts with the "
+                       "same number of ranks each)";
+  }
+  if (hierarchical && usable) HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_->local(), &local_));
+  HORA_LOG(kDebug) << "GPU collectives: " << Describe();
+  return Status::OK();
+}
+
+Status NcclExecutor::CheckDistinctDevices() {
+  // Every rank first does its local part, then all exchange the outcome, so
+  // a failure anywhere becomes the same error everywhere instead of a hang.
+  DeviceCard mine{};
+  mine.rank = comm_->rank();
+  mine.host = HashName(comm_->topology().hostname);
+  Status local;
+  if (device_ < 0) local = DefaultDevice(comm_->topology().local_rank, &device_);
+  mine.device = device_;
+  if (local.ok()) local = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  cudaDeviceProp properties{};
+  if (local.ok()) local = CudaStatus(cudaGetDeviceProperties(&properties, device_), "cudaGetDeviceProperties");
+  if (local.ok()) std::memcpy(mine.uuid, &properties.uuid, sizeof(mine.uuid));
+  if (local.ok()) local = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (local.ok()) local = CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  if (!local.ok()) cudaGetLastError();
+  mine.ok = local.ok() ? 1 : 0;
+  const int size = comm_->size();
+  std::vector<DeviceCard> cards(size);
+  HORA_RETURN_IF_ERROR(comm_->Allgatherv(&mine, sizeof(mine), cards.data(),
+                                         std::vector<int64_t>(size, sizeof(DeviceCard))));
+  if (!local.ok()) return local.WithContext("setting up this rank's GPU");
+  std::ostringstream failed;
+  for (const DeviceCard& c : cards) {
+    if (!c.ok) failed << (failed.tellp() > 0 ? ", " : "") << c.rank;
+  }
+  if (failed.tellp() > 0) {
+    return Status::Internal("GPU setup failed on rank(s) " + failed.str() + "; see their errors");
+  }
+  for (int a = 0; a < size; ++a) {
+    for (int b = a + 1; b < size; ++b) {
+      if (cards[a].host == cards[b].host && std::memcmp(cards[a].uuid, cards[b].uuid, 16) == 0) {
+        return Status::InvalidArgument(
+            "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on one host both use the "
+            "same GPU (device " + std::to_string(cards[a].device) + " and device " +
+            std::to_string(cards[b].device) + " of their processes); give each rank its own GPU, "
+            "e.g. torch.cuda.set_device(hvd.local_rank()), or set CUDA_VISIBLE_DEVICES per rank");
+      }
+    }
+  }
+  return Status::OK();
+}
+
+NcclExecutor::~NcclExecutor() {
+  if (device_ < 0) return;
+  DeviceGuard guard(device_);
+  // Let queued collectives finish (the callers may not have read them yet);
+  // past ten seconds the peers are gone, and aborting NCCL ends its kernels.
+  if (stream_ != nullptr) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  local_.reset();
+  nccl_.reset();
+  if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+  if (done_ != nullptr) cudaEventDestroy(done_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+std::string NcclExecutor::Describe() const {
+  return NcclDescribe() + " on GPU " + std::to_string(device_) +
+         (local_ ? ", hierarchical allreduce" : "");
+}
+
+Status NcclExecutor::WaitForCallers(TensorEntry* entries, size_t count,
+                                    const std::vector<bool>* present) {
+  for (size_t k = 0; k < count; ++k) {
+    if ((present != nullptr && !(*present)[k]) || !entries[k].ready) continue;
+    HORA_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(entries[k].ready.get()), 0));
+    entries[k].ready.reset();  // back to the pool: the wait has captured it
+  }
+  return Status::OK();
+}
+
+Status NcclExecutor::ReleaseCallers(TensorEntry* entries, size_t count,
+                                    const std::vector<bool>* present) {
+  HORA_CUDA(cudaEventRecord(done_, stream_));
+  uintptr_t last = ~uintptr_t{0};
+  for (size_t k = 0; k < count; ++k) {
+    if ((present != nullptr && !(*present)[k]) || entries[k].stream == last) continue;
+    last = entries[k].stream;
+    HORA_CUDA(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(last), done_, 0));
+  }
+  return Status::OK();
+}
+
+Status NcclExecutor::Scratch(int64_t bytes, char** out) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_ != nullptr) HORA_CUDA(cudaFreeAsync(scratch_, stream_));
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    const int64_t rounded = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+    void* p = nullptr;
+    HORA_CUDA(cudaMallocAsync(&p, rounded, stream_));
+    scratch_ = static_cast<char*>(p);
+    scratch_bytes_ = rounded;
+  }
+  *out = scratch_;
+  return Status::OK();
+}
+
+Status NcclExecutor::AllocateOutput(int64_t bytes, std::shared_ptr<DeviceBuffer>* out) {
+  auto buffer = std::make_shared<DeviceBuffer>();
+  HORA_CUDA(cudaMallocAsync(&buffer->data, bytes > 0 ? bytes : 1, stream_));
+  buffer->bytes = bytes;
+  buffer->device = device_;
+  // Until it is handed over, only our stream has used it: a collective that
+  // fails half-way frees it in order after whatever was queued on it.
+  cudaStream_t stream = stream_;
+  buffer->release = [stream](void* p) { cudaFreeAsync(p, stream); };
+  *out = std::move(buffer);
+  return Status::OK();
+}
+
+void NcclExecutor::HandOver(DeviceBuffer* buffer, uintptr_t caller_stream) {
+  // The caller's stream has been made to wait for our work on the buffer,
+  // and it is where the caller will use it: free it in order there.
+  const int device = device_;
+  buffer->release = [device, caller_stream](void* p) {
+    DeviceGuard guard(device);
+    cudaFreeAsync(p, reinterpret_cast<cudaStream_t>(caller_stream));
+  };
+}
+
+Status NcclExecutor::Deliver(TensorEntry& e, std::shared_ptr<DeviceBuffer> out,
+                             const CollectivePlan& plan) {
+  HORA_RETURN_IF_ERROR(ReleaseCallers(&e, 1, nullptr));
+  HandOver(out.get(), e.stream);
+  e.work->device_output = std::move(out);
+  e.work->output_shape = plan.output_shape;
+  e.work->received_splits = plan.received_splits;
+  return Status::OK();
+}
+
+Status NcclExecutor::Copy(const void* src, void* dst, int64_t count, DataType in, DataType out,
+                          double scale, int64_t divisor) {
+  const CopyTask task{src, dst, count};
+  return CudaStatus(ScaledCopy(&task, 1, in, out, scale, divisor, stream_), "scaled-copy kernel");
+}
+
+Status NcclExecutor::Reduce(const char* send, char* recv, int64_t count, DataType wire,
+                            ReduceOp op) {
+  if (!local_) return nccl_->Allreduce(send, recv, count, wire, op, stream_);
+  // Inside the host a reduce-scatter leaves each local rank one shard of
+  // the host's sum; the shards cross hosts through MPI on host memory; an
+  // allgather inside the host puts the shards back together.
+  const int64_t element = DataTypeSize(wire);
+  const int parts = local_->size();
+  const int64_t shard = (count + parts - 1) / parts;
+  char* work = recv;
+  if (shard * parts != count) {
+    HORA_RETURN_IF_ERROR(Scratch(shard * parts * element, &work));  // padding is never read back
+    if (work == recv) return Status::Internal("hierarchical allreduce: scratch overlaps the output");
+  }
+  if (work != send) HORA_CUDA(cudaMemcpyAsync(work, send, count * element, cudaMemcpyDeviceToDevice, stream_));
+  char* my_shard = work + local_->rank() * shard * element;
+  const std::vector<int64_t> shards(parts, shard);
+  std::vector<int64_t> offsets(parts);
+  for (int k = 0; k < parts; ++k) offsets[k] = k * shard;
+  HORA_RETURN_IF_ERROR(local_->ReduceScatter(work, my_shard, shards, offsets, true, wire, op, stream_));
+  host_.resize(shard * element);
+  HORA_CUDA(cudaMemcpyAsync(host_.data(), my_shard, shard * element, cudaMemcpyDeviceToHost, stream_));
+  HORA_CUDA(cudaStreamSynchronize(stream_));  // our stream only: MPI needs the bytes now
+  if (IsHalf(wire)) {
+    wide_.resize(shard);
+    float* wide = wide_.data();
+    WidenToFloat(host_.data(), wide, shard, wire, 1.0);
+    HORA_RETURN_IF_ERROR(comm_->cross()->Allreduce(nullptr, wide, shard, DataType::kFloat32, op));
+    NarrowFromFloat(wide, host_.data(), shard, wire, 1.0);
+  } else {
+    HORA_RETURN_IF_ERROR(comm_->cross()->Allreduce(nullptr, host_.data(), shard, wire, op));
+  }
+  HORA_CUDA(cudaMemcpyAsync(my_shard, host_.data(), shard * element, cudaMemcpyHostToDevice, stream_));
+  HORA_RETURN_IF_ERROR(local_->Allgatherv(my_shard, work, Scaled(shards, element),
+                                          Scaled(offsets, element), true, stream_));
+  if (work != recv) HORA_CUDA(cudaMemcpyAsync(recv, work, count * element, cudaMemcpyDeviceToDevice, stream_));
+  return Status::OK();
+}
+
+Status NcclExecutor::Allreduce(const Response* batch, size_t batch_size, TensorEntry* entries,
+                               const std::vector<bool>& present, const CollectivePlan& plan) {
+  const Response& head = batch[0];
+  const DataType dtype = head.dtype;
+  const DataType wire = plan.wire;
+  const int64_t element = DataTypeSize(wire);
+  HORA_RETURN_IF_ERROR(WaitForCallers(entries, batch_size, &present));
+  if (batch_size == 1 && present[0] && wire == dtype && plan.prescale == 1.0 && !local_) {
+    // A lone tensor is reduced from the caller's memory into its output.
+    TensorEntry& e = entries[0];
+    const int64_t count = head.NumElements();
+    HORA_RETURN_IF_ERROR(Reduce(static_cast<const char*>(e.input.data), static_cast<char*>(e.output),
+                                count, wire, head.op));
+    if (plan.scales()) {
+      HORA_RETURN_IF_ERROR(Copy(e.output, e.output, count, dtype, dtype, plan.post_factor, plan.divisor));
+    }
+    return ReleaseCallers(entries, batch_size, &present);
+  }
+  // Packed into the scratch buffer with one batched kernel launch (each
+  // tensor at a 16-byte boundary so the copies vectorize), reduced with one
+  // NCCL call, unpacked (with the post-scale) with one more launch.
+  std::vector<int64_t> offsets(batch_size);
+  int64_t bytes = 0;
+  for (size_t k = 0; k < batch_size; ++k) {
+    offsets[k] = bytes;
+    bytes += Align16(batch[k].NumElements() * element);
+  }
+  if (local_) {
+    // Padded so the host's ranks get equal shards of the buffer.
+    const int64_t unit = element * local_->size();
+    bytes = (bytes + unit - 1) / unit * unit;
+  }
+  char* buffer = nullptr;
+  HORA_RETURN_IF_ERROR(Scratch(bytes, &buffer));
+  tasks_.clear();
+  back_.clear();
+  for (size_t k = 0; k < batch_size; ++k) {
+    const int64_t count = batch[k].NumElements();
+    char* slot = buffer + offsets[k];
+    if (present[k]) {
+      tasks_.push_back(CopyTask{entries[k].input.data, slot, count});
+      back_.push_back(CopyTask{slot, entries[k].output, count});
+    } else {
+      HORA_CUDA(Fill(slot, count, static_cast<int>(element), NeutralPattern(wire, head.op), stream_));
+    }
+  }
+  HORA_CUDA(ScaledCopy(tasks_.data(), static_cast<int>(tasks_.size()), dtype, wire, plan.prescale, 1, stream_));
+  HORA_RETURN_IF_ERROR(Reduce(buffer, buffer, bytes / element, wire, head.op));
+  HORA_CUDA(ScaledCopy(back_.data(), static_cast<int>(back_.size()), wire, dtype, plan.post_factor,
+                       plan.divisor, stream_));
+  return ReleaseCallers(entries, batch_size, &present);
+}
+
+Status NcclExecutor::Run(const Response& r, TensorEntry& e, const CollectivePlan& plan) {
+  HORA_RETURN_IF_ERROR(WaitForCallers(&e, 1, nullptr));
+  switch (r.kind) {
+    case CollectiveKind::kAllgather: return Allgather(e, plan);
+    case CollectiveKind::kBroadcast: return Broadcast(r, e);
+    case CollectiveKind::kAlltoall: return Alltoall(e, plan);
+    case CollectiveKind::kReducescatter: return Reducescatter(r, e, plan);
+    default: return Status::Internal("unexpected GPU collective kind");
+  }
+}
+
+Status NcclExecutor::Allgather(TensorEntry& e, const CollectivePlan& plan) {
+  const int64_t element = DataTypeSize(e.input.dtype);
+  std::shared_ptr<DeviceBuffer> out;
+  HORA_RETURN_IF_ERROR(AllocateOutput(plan.recv_total * element, &out));
+  HORA_RETURN_IF_ERROR(nccl_->Allgatherv(e.input.data, out->data, Scaled(plan.recv_counts, element),
+                                         Scaled(plan.recv_offsets, element), plan.equal_blocks,
+                                         stream_));
+  return Deliver(e, std::move(out), plan);
+}
+
+Status NcclExecutor::Broadcast(const Response& r, TensorEntry& e) {
+  HORA_RETURN_IF_ERROR(nccl_->Broadcast(e.input.data, e.output, e.input.NumBytes(), r.root, stream_));
+  return ReleaseCallers(&e, 1, nullptr);
+}
+
+Status NcclExecutor::Alltoall(TensorEntry& e, const CollectivePlan& plan) {
+  const int64_t element = DataTypeSize(e.input.dtype);
+  std::shared_ptr<DeviceBuffer> out;
+  HORA_RETURN_IF_ERROR(AllocateOutput(plan.recv_total * element, &out));
+  HORA_RETURN_IF_ERROR(nccl_->Alltoallv(e.input.data, Scaled(plan.send_counts, element),
+                                        Scaled(plan.send_offsets, element), out->data,
+                                        Scaled(plan.recv_counts, element),
+                                        Scaled(plan.recv_offsets, element), stream_));
+  return Deliver(e, std::move(out), plan);
+}
+
+Status NcclExecutor::Reducescatter(const Response& r, TensorEntry& e, const CollectivePlan& plan) {
+  const DataType dtype = r.dtype;
+  const DataType wire = plan.wire;
+  const int64_t element = DataTypeSize(wire);
+  const int64_t total = plan.recv_total;
+  const int64_t mine = plan.recv_counts[comm_->rank()];
+  std::shared_ptr<DeviceBuffer> out;
+  HORA_RETURN_IF_ERROR(AllocateOutput(mine * DataTypeSize(dtype), &out));
+  const bool stage_in = wire != dtype || plan.prescale != 1.0;
+  const bool stage_out = wire != dtype;
+  char* scratch = nullptr;
+  const int64_t staged_input = stage_in ? Align16(total * element) : 0;
+  HORA_RETURN_IF_ERROR(Scratch(staged_input + mine * element, &scratch));
+  const void* send = e.input.data;
+  if (stage_in) {
+    HORA_RETURN_IF_ERROR(Copy(send, scratch, total, dtype, wire, plan.prescale, 1));
+    send = scratch;
+  }
+  char* recv = stage_out ? scratch + staged_input : static_cast<char*>(out->data);
+  HORA_RETURN_IF_ERROR(nccl_->ReduceScatter(send, recv, plan.recv_counts, plan.recv_offsets,
+                                            plan.equal_blocks, wire, r.op, stream_));
+  if (mine > 0 && (stage_out || plan.scales())) {
+    HORA_RETURN_IF_ERROR(Copy(recv, out->data, mine, wire, dtype, plan.post_factor, plan.divisor));
+  }
+  return Deliver(e, std::move(out), plan);
+}
+
+}  // namespace gpu
+
+Status CreateGpuExecutor(Communicator* comm, bool hierarchical, int device,
+                         std::unique_ptr<GpuExecutor>* out) {
+  return gpu::NcclExecutor::Create(comm, hierarchical, device, out);
+}
+
+}  // namespace hora

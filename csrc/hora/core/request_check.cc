@@ -1,0 +1,96 @@
+#include "hora/core/request_check.h"
+
+namespace hora {
+namespace {
+
+Status Invalid(const Request& r, const std::string& message) {
+  return Status::InvalidArgument(DescribeRequest(r) + ": " + message);
+}
+
+std::string Where(int device) {
+  return device < 0 ? std::string("host memory") : "GPU " + std::to_string(device);
+}
+
+}  // namespace
+
+std::string DescribeRequest(const Request& r) {
+  return std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'";
+}
+
+Status CheckRequest(const Request& r, const TensorView& in, const TensorView* out, int size) {
+  // Messages are built only on error: this runs on every submission.
+  if (r.name.empty()) {
+    return Status::InvalidArgument(std::string(CollectiveKindName(r.kind)) +
+                                   ": name must not be empty");
+  }
+  if (out != nullptr) {
+    if (out->device != in.device) {
+      return Invalid(r, "the output is in " + Where(out->device) + " but the input is in " +
+                            Where(in.device));
+    }
+    if (out->dtype != in.dtype || out->shape != in.shape) {
+      return Invalid(r, std::string("output has ") + DataTypeName(out->dtype) + " " +
+                            ShapeString(out->shape) + " but input has " + DataTypeName(in.dtype) +
+                            " " + ShapeString(in.shape));
+    }
+  }
+  const bool reduces =
+      r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
+  if (reduces) {
+    if (r.op == ReduceOp::kAdasum) {
+      return Invalid(r, "op=Adasum is not supported by this version of hora");
+    }
+    if (static_cast<int>(r.op) >= kNumReduceOps) {
+      return Invalid(r, "unknown reduce op " + std::to_string(static_cast<int>(r.op)));
+    }
+    if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
+      return Invalid(r, "op=Average is not defined for bool tensors; use Sum (logical or), "
+                        "Min or Product (logical and)");
+    }
+    if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
+      return Invalid(r, std::string("prescale_factor/postscale_factor need a floating-point "
+                                    "tensor, got ") + DataTypeName(in.dtype));
+    }
+  }
+  if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
+    return Invalid(r, "root_rank " + std::to_string(r.root) + " is out of range for " +
+                          std::to_string(size) + " ranks");
+  }
+  const bool needs_rows = r.kind == CollectiveKind::kAllgather ||
+                          r.kind == CollectiveKind::kAlltoall ||
+                          r.kind == CollectiveKind::kReducescatter;
+  if (needs_rows && in.shape.empty()) {
+    return Invalid(r, "needs a tensor with at least one dimension, got a scalar");
+  }
+  if (r.kind == CollectiveKind::kAlltoall) {
+    if (static_cast<int>(r.splits.size()) != size) {
+      return Invalid(r, "splits has " + std::to_string(r.splits.size()) +
+                            " entries but there are " + std::to_string(size) + " ranks");
+    }
+    int64_t total = 0;
+    for (int64_t s : r.splits) {
+      if (s < 0) return Invalid(r, "splits must not be negative, got " + ShapeString(r.splits));
+      total += s;
+    }
+    if (total != in.shape[0]) {
+      return Invalid(r, "splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
+                            " but the first dimension is " + std::to_string(in.shape[0]));
+    }
+  }
+  return Status::OK();
+}
+
+Status EqualSplits(const Request& r, const TensorView& in, int size,
+                   std::vector<int64_t>* splits) {
+  if (in.shape.empty() || in.shape[0] % size != 0) {
+    return Invalid(r, "first dimension " +
+                          (in.shape.empty() ? std::string("(scalar)")
+                                            : std::to_string(in.shape[0])) +
+                          " is not divisible by " + std::to_string(size) +
+                          " ranks; pass splits to say how many rows go to each rank");
+  }
+  splits->assign(size, in.shape[0] / size);
+  return Status::OK();
+}
+
+}  // namespace hora

@@ -1,0 +1,46 @@
+#pragma once
+// The process's hora: init and shutdown, the one engine, exit, and what the
+// build can do. The bindings only convert arguments and results; every
+// decision about the runtime's state is made here.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hora/common/status.h"
+#include "hora/core/engine.h"
+
+namespace hora {
+namespace runtime {
+
+struct InitOptions {
+  // An mpi4py communicator's handle, when has_comm is set.
+  bool has_comm = false;
+  intptr_t comm_handle = 0;
+  std::vector<int> ranks;  // a subset of the world, or empty
+};
+
+// Reads the configuration, forms the world and starts the engine;
+// collective over the world's ranks. Does nothing when hora is running.
+Status Init(const InitOptions& options);
+// Stops the engine (telling the other ranks); idempotent.
+void Shutdown();
+bool IsInitialized();
+// The running engine, or an error naming the fix (init first, or again
+// after a shutdown).
+Status Current(std::shared_ptr<Engine>* out);
+// At process exit: shuts down and finalizes MPI if hora initialized it,
+// unless the job broke (MPI_Finalize would wait for ranks that are gone).
+void FinalizeProcess();
+
+// What this build was compiled with and what it finds at run time.
+struct BuildInfo {
+  std::map<std::string, std::string> text;  // versions, paths, sources
+  std::map<std::string, bool> flags;        // mpi_built, cuda_built, nccl_built
+  std::map<std::string, bool> cpu_kernels;  // compiled-in kernel set -> runs on this CPU
+};
+BuildInfo GetBuildInfo();
+
+}  // namespace runtime
+}  // namespace hora

@@ -1,0 +1,151 @@
+// Rank 0's decisions: a collective is ready once every rank has it, and a
+// disagreement becomes an error naming the tensor, the ranks and every value.
+#include <gtest/gtest.h>
+
+#include "hora/core/coordinator.h"
+
+namespace hora {
+namespace {
+
+Request From(int rank, const std::string& name, std::vector<int64_t> shape,
+             CollectiveKind kind = CollectiveKind::kAllreduce) {
+  Request r;
+  r.rank = rank;
+  r.name = name;
+  r.kind = kind;
+  r.shape = std::move(shape);
+  return r;
+}
+
+TEST(Coordinator, ReadyOnlyOnceEveryRankHasSubmitted) {
+  Coordinator coordinator(3);
+  const std::vector<bool> joined(3, false);
+  coordinator.Add(From(0, "w", {4}));
+  coordinator.Add(From(2, "w", {4}));
+  EXPECT_TRUE(coordinator.TakeReady(joined).empty());
+  coordinator.Add(From(1, "w", {4}));
+  const std::vector<Response> ready = coordinator.TakeReady(joined);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_FALSE(ready[0].is_error());
+  EXPECT_EQ(ready[0].contributors, 3);
+  EXPECT_FALSE(coordinator.HasPending());
+}
+
+TEST(Coordinator, ResponsesComeOutInArrivalOrder) {
+  Coordinator coordinator(2);
+  const std::vector<bool> joined(2, false);
+  for (const char* name : {"c", "a", "b"}) coordinator.Add(From(1, name, {1}));
+  for (const char* name : {"b", "a", "c"}) coordinator.Add(From(0, name, {1}));
+  const std::vector<Response> ready = coordinator.TakeReady(joined);
+  ASSERT_EQ(ready.size(), 3u);
+  EXPECT_EQ(ready[0].name, "c");
+  EXPECT_EQ(ready[1].name, "a");
+  EXPECT_EQ(ready[2].name, "b");
+}
+
+TEST(Coordinator, ShapeMismatchNamesTensorRanksAndBothShapes) {
+  Coordinator coordinator(3);
+  coordinator.Add(From(0, "grad", {2, 3}));
+  coordinator.Add(From(1, "grad", {2, 3}));
+  coordinator.Add(From(2, "grad", {4}));
+  const std::vector<Response> ready = coordinator.TakeReady(std::vector<bool>(3, false));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].error_code, StatusCode::kMismatch);
+  EXPECT_EQ(ready[0].error,
+            "Mismatched shape for allreduce 'grad': ranks 0, 1 sent [2, 3]; rank 2 sent [4]");
+}
+
+TEST(Coordinator, TheFirstDisagreementIsReported) {
+  Coordinator coordinator(2);
+  Request a = From(0, "x", {3});
+  Request b = From(1, "x", {5});
+  b.dtype = DataType::kFloat64;  // dtype is checked before shape
+  coordinator.Add(a);
+  coordinator.Add(b);
+  const std::vector<Response> ready = coordinator.TakeReady(std::vector<bool>(2, false));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].error,
+            "Mismatched data type for allreduce 'x': rank 0 sent float32; rank 1 sent float64");
+}
+
+TEST(Coordinator, OpRootAndScaleMismatches) {
+  {
+    Coordinator coordinator(2);
+    Request a = From(0, "x", {3}), b = From(1, "x", {3});
+    b.op = ReduceOp::kMax;
+    coordinator.Add(a);
+    coordinator.Add(b);
+    EXPECT_EQ(coordinator.TakeReady({false, false})[0].error,
+              "Mismatched reduce op for allreduce 'x': rank 0 sent Sum; rank 1 sent Max");
+  }
+  {
+    Coordinator coordinator(2);
+    Request a = From(0, "p", {3}, CollectiveKind::kBroadcast);
+    Request b = From(1, "p", {3}, CollectiveKind::kBroadcast);
+    b.root = 1;
+    coordinator.Add(a);
+    coordinator.Add(b);
+    EXPECT_EQ(coordinator.TakeReady({false, false})[0].error,
+              "Mismatched root rank for broadcast 'p': rank 0 sent 0; rank 1 sent 1");
+  }
+  {
+    Coordinator coordinator(2);
+    Request a = From(0, "x", {3}), b = From(1, "x", {3});
+    a.prescale = 0.5;
+    coordinator.Add(a);
+    coordinator.Add(b);
+    EXPECT_EQ(coordinator.TakeReady({false, false})[0].error,
+              "Mismatched prescale factor for allreduce 'x': rank 0 sent 0.5; rank 1 sent 1");
+  }
+}
+
+TEST(Coordinator, AllgatherComparesOnlyTheDimensionsAfterTheFirst) {
+  Coordinator coordinator(2);
+  coordinator.Add(From(0, "g", {2, 5}, CollectiveKind::kAllgather));
+  coordinator.Add(From(1, "g", {7, 5}, CollectiveKind::kAllgather));
+  std::vector<Response> ready = coordinator.TakeReady({false, false});
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_FALSE(ready[0].is_error()) << ready[0].error;
+  EXPECT_EQ(ready[0].first_dims, (std::vector<int64_t>{2, 7}));
+
+  coordinator.Add(From(0, "h", {2, 5}, CollectiveKind::kAllgather));
+  coordinator.Add(From(1, "h", {2, 6}, CollectiveKind::kAllgather));
+  ready = coordinator.TakeReady({false, false});
+  EXPECT_EQ(ready[0].error,
+            "Mismatched shape (all dimensions after the first) for allgather 'h': rank 0 sent "
+            "2-d [5]; rank 1 sent 2-d [6]");
+}
+
+TEST(Coordinator, JoinedRanksContributeToAllreduceOnly) {
+  Coordinator coordinator(3);
+  const std::vector<bool> joined = {false, true, false};
+  coordinator.Add(From(0, "w", {4}));
+  coordinator.Add(From(2, "w", {4}));
+  std::vector<Response> ready = coordinator.TakeReady(joined);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_FALSE(ready[0].is_error());
+  EXPECT_EQ(ready[0].contributors, 2);
+
+  coordinator.Add(From(0, "g", {4}, CollectiveKind::kAllgather));
+  coordinator.Add(From(2, "g", {4}, CollectiveKind::kAllgather));
+  ready = coordinator.TakeReady(joined);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].error,
+            "allgather 'g' cannot run while rank 1 has called join(); only allreduce accepts "
+            "joined ranks");
+}
+
+TEST(Coordinator, StalledNamesTheMissingRanks) {
+  Coordinator coordinator(4);
+  coordinator.Add(From(0, "slow", {1}));
+  coordinator.Add(From(2, "slow", {1}));
+  const auto stalls = coordinator.Stalled(Coordinator::Clock::now() + std::chrono::seconds(61),
+                                          std::chrono::seconds(60), std::vector<bool>(4, false));
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].name, "slow");
+  EXPECT_EQ(stalls[0].have, (std::vector<int>{0, 2}));
+  EXPECT_EQ(stalls[0].missing, (std::vector<int>{1, 3}));
+}
+
+}  // namespace
+}  // namespace hora
