@@ -130,7 +130,8 @@ def horarun(fake_hosts, host_arg, command, extra_env=None, options=(), yield_whe
 
 def test_ranks_run_in_their_own_hosts(fake_hosts):
     script = ("import os, socket\n"
-              "print(os.environ['HORA_RANK'], socket.gethostname(), os.readlink('/proc/self/ns/net'))\n")
+              "print(os.environ['HORA_RANK'], socket.gethostname(),\n"
+              "      os.readlink('/proc/self/ns/net'))\n")
     done = horarun(fake_hosts, "ns-a:1,ns-b:1", [sys.executable, "-c", script])
     assert done.returncode == 0, done.stdout
     seen = {}

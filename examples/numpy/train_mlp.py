@@ -108,7 +108,8 @@ def main():
         hora.allreduce(checksum, name="check.min", op=hora.Min)
     if rank == 0:
         print(f"trained on {size} rank(s); final test accuracy "
-              f"{accuracy(params, x_test, y_test):.3f}; weight spread across ranks {float(spread[0]):.1e}")
+              f"{accuracy(params, x_test, y_test):.3f}; weight spread across ranks "
+              f"{float(spread[0]):.1e}")
     hora.shutdown()
 
 

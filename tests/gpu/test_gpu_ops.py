@@ -54,7 +54,8 @@ def test_allreduce_every_dtype_and_op(dtype, op):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_pre_and_post_scaling(dtype):
     x = ramp(513, dtype)
-    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25, name=f"sc.{dtype}")
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25,
+                        name=f"sc.{dtype}")
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     expected = ((x.cpu().to(compute) * 2.0).to(dtype).to(compute) * 0.25).to(dtype)
     same(out, expected.to(DEVICE))

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,8 @@ SCRIPT = textwrap.dedent("""
     x = torch.full((1000,), float(hvd.rank() + 1), device="cuda")
     try:
         out = hvd.allreduce(x, op=hvd.Sum, name="x")
-        g = hvd.allgather(torch.full((hvd.rank() + 1, 2), float(hvd.rank()), device="cuda"), name="g")
+        g = hvd.allgather(torch.full((hvd.rank() + 1, 2), float(hvd.rank()), device="cuda"),
+                          name="g")
     except Exception as error:
         print(f"rank {hvd.rank()} error: {type(error).__name__}: {error}", flush=True)
         sys.exit(3)

@@ -47,10 +47,10 @@ def test_horovod_mxnet_mnist_body():
     metric = mx.metric.Accuracy()
 
     start = None
-    for epoch in range(3):
+    for _epoch in range(3):
         train_data.reset()
         metric.reset()
-        for nbatch, batch in enumerate(train_data, start=1):
+        for batch in train_data:
             data, label = get_data_label(batch, context)
             with autograd.record():
                 output = model(data.astype("float32", copy=False))

@@ -8,6 +8,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import hora.mxnet as hvd
+from hora.common import ops
 
 BATCH = 4
 STEPS = 3
@@ -163,3 +164,44 @@ def test_distributed_trainer_given_a_distributed_optimizer(rank, size):
         train_with(lambda params: hvd.DistributedTrainer(
             params, hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))),
             rank, size)
+
+
+def test_num_groups_splits_gradients_into_contiguous_blocks(rank, size, monkeypatch):
+    """As Horovod's split_list does: 5 gradients in 2 groups are [0, 1, 2]
+    and [3, 4] (not every other gradient), the same as in torch and
+    TensorFlow."""
+    seen = []
+    grouped = ops.grouped_allreduce_async_
+
+    def spy(tensors, name=None, *args, **kwargs):
+        seen.append((name, len(tensors)))
+        return grouped(tensors, name, *args, **kwargs)
+    monkeypatch.setattr(ops, "grouped_allreduce_async_", spy)
+    optimizer = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.0), num_groups=2)
+    grads = [mx.nd.ones((2,)) * (rank + 1 + i) for i in range(5)]
+    weights = [mx.nd.zeros((2,)) for _ in grads]
+    states = [optimizer.create_state(i, w) for i, w in enumerate(weights)]
+    optimizer.update(list(range(5)), weights, grads, states)
+    if size > 1:  # one rank has nothing to reduce
+        assert seen == [("optimizer.grad.0.group", 3), ("optimizer.grad.3.group", 2)]
+    for i, grad in enumerate(grads):
+        np.testing.assert_array_equal(grad.asnumpy(),
+                                      np.full(2, sum(r + 1 + i for r in range(size))))
+
+
+def test_gradient_mistakes_are_worded_as_in_torch_and_tensorflow():
+    """The sentences tests/unit/test_gradient_policy.py expects from torch,
+    TensorFlow and Keras."""
+    def message(call):
+        with pytest.raises((ValueError, TypeError)) as caught:
+            call()
+        return str(caught.value)
+    params = make_net(0).collect_params()
+    assert message(lambda: hvd.DistributedTrainer(params, "sgd", gradient_predivide_factor=0)) \
+        == "DistributedTrainer: gradient_predivide_factor must be positive, got 0.0"
+    assert message(lambda: hvd.DistributedOptimizer(mx.optimizer.SGD(), num_groups=-1)) \
+        == "DistributedOptimizer: the number of groups must not be negative, got -1"
+    assert message(lambda: hvd.DistributedTrainer(params, "sgd", compression=object)) == (
+        "DistributedTrainer: compression must be one of the framework's Compression members "
+        "(Compression.none, Compression.fp16, ...) or a class with compress and decompress, "
+        "got <class 'object'>")

@@ -38,11 +38,11 @@ def test_duplicate_name_in_flight(rank, size):
             pending = hora.allreduce_async(np.full(3, rank, np.int32), name=held, op=hora.Sum)
             # errors are collected, not raised here, so this rank always
             # reaches the gate that the others are waiting at
-            rejections.append(capture(lambda: hora.allreduce_async(
+            rejections.append(capture(lambda held=held: hora.allreduce_async(
                 np.full(3, rank, np.int32), name=held, op=hora.Sum)))
-            rejections.append(capture(lambda: hora.allgather(  # another kind, same name
+            rejections.append(capture(lambda held=held: hora.allgather(  # another kind, same name
                 np.full(3, rank, np.int32), name=held)))
-            rejections.append(capture(lambda: hora.grouped_allreduce(
+            rejections.append(capture(lambda holder=holder: hora.grouped_allreduce(
                 # the group's second member would be named f"{name}.{holder}.1"
                 [np.zeros(2, np.float32), np.zeros(2, np.float32)], name=f"{name}.{holder}",
                 op=hora.Sum)))

@@ -244,7 +244,7 @@ def test_one_bad_tensor_among_many_in_flight(rank, size):
                                             name=f"{tag}.{i}", op=hora.Sum))
     outcomes = []
     for handle in handles:
-        error, seconds = attempt(lambda: outcomes.append(hora.synchronize(handle)))
+        error, seconds = attempt(lambda handle=handle: outcomes.append(hora.synchronize(handle)))
         if error is not None:
             outcomes.append((error, seconds))
     usable = still_usable(tag + ".after", size)
@@ -301,7 +301,8 @@ def test_grouped_member_count_mismatch_with_a_late_rank(rank, size):
     error, seconds = attempt(lambda: hora.grouped_allreduce(tensors, name=name, op=hora.Sum))
     usable = still_usable(name + ".after", size)
     assert isinstance(error, hora.HoraMismatchError), f"expected HoraMismatchError, got {error!r}"
-    assert "Mismatched number of tensors" in str(error) and "rank 0 sent 2" in str(error), str(error)
+    assert "Mismatched number of tensors" in str(error), str(error)
+    assert "rank 0 sent 2" in str(error), str(error)
     assert seconds < MAX_SECONDS
     usable()
 

@@ -58,7 +58,8 @@ def test_missing_rank_is_named_within_the_check_time(stall_settings, capfd, rank
             assert f"allreduce '{name}'" in seen, seen
             assert f"not by rank {late}" in seen, seen
             # What the missing rank last did is part of the report.
-            assert f"rank {late} 'stall.before'" in seen if cached else "last submitted" in seen, seen
+            expected = f"rank {late} 'stall.before'" if cached else "last submitted"
+            assert expected in seen, seen
         result = hora.synchronize(handle)
     np.testing.assert_array_equal(result, np.full(4, size, np.float32))
 

@@ -73,7 +73,8 @@ def test_known_sequence_has_every_phase(tmp_path, rank, size):
     done = subprocess.run([sys.executable, "-m", "hora.timeline", "summarize", str(path),
                            "--plot", str(out)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    for fragment in ("phase totals", "tl.small", "tl.group.0", "fusion:", "negotiate", "communicate"):
+    for fragment in ("phase totals", "tl.small", "tl.group.0", "fusion:", "negotiate",
+                     "communicate"):
         assert fragment in done.stdout, done.stdout
     if size > 1:
         assert "mean lag" in done.stdout, done.stdout
@@ -91,8 +92,9 @@ def test_restart_replaces_the_file_and_stop_twice_is_harmless(tmp_path, rank, si
     hora.stop_timeline()
     hora.stop_timeline()
     if rank == 0:
-        rows = lambda p: {e["args"]["name"] for e in json.loads(p.read_text())
-                          if e.get("name") == "process_name"}
+        def rows(p):
+            return {e["args"]["name"] for e in json.loads(p.read_text())
+                    if e.get("name") == "process_name"}
         assert "tl.first" in rows(first) and "tl.second" not in rows(first)
         assert "tl.second" in rows(second)
         assert load_events(second) == json.loads(second.read_text())

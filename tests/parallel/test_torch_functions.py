@@ -40,7 +40,7 @@ def flat_state(optimizer):
     values = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            for key, value in sorted(optimizer.state.get(p, {}).items()):
+            for _, value in sorted(optimizer.state.get(p, {}).items()):
                 values.append(torch.as_tensor(value, dtype=torch.float64).reshape(-1))
     return torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
 

@@ -17,7 +17,7 @@ import hora  # noqa: E402
 import hora.torch as hvd  # noqa: E402
 from conftest import ALL_DTYPES  # noqa: E402
 from hora_reference import assert_reduced, inputs_of, reduce_reference  # noqa: E402
-from torch_helpers import to_numpy, torch_dtype, torch_input  # noqa: E402
+from torch_helpers import to_numpy, torch_input  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)

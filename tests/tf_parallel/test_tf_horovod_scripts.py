@@ -56,7 +56,8 @@ def test_horovod_tensorflow2_keras_mnist_body(tmp_path):
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=1, verbose=0),
     ]
     if hvd.rank() == 0:
-        callbacks.append(tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "checkpoint-{epoch}.keras")))
+        callbacks.append(
+            tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "checkpoint-{epoch}.keras")))
     verbose = 1 if hvd.rank() == 0 else 0
     start = hvd.broadcast_object(model.get_weights(), root_rank=0)  # what the callback sets
     model.fit(dataset, steps_per_epoch=12 // hvd.size(), callbacks=callbacks, epochs=2,

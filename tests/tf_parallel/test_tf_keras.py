@@ -114,6 +114,29 @@ def test_tape_reduces_embedding_gradients_sparse_and_dense(rank, size):
         np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-6)
 
 
+def test_tape_groups_sparse_and_dense_gradients_together(rank, size, mode):
+    """groups=2 splits the four gradients (one of them tf.IndexedSlices) the
+    way Horovod does, [table, w1] and [w2, w3]: the first group's dense part
+    is w1 alone. Every gradient still comes back averaged."""
+    table = tf.Variable(np.zeros((size + 1, 2), np.float32))
+    weights = [tf.Variable(np.zeros(3, np.float32)) for _ in range(3)]
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            value = tf.reduce_sum(tf.gather(table, [rank]) * (rank + 1))
+            for k, w in enumerate(weights):
+                value += tf.reduce_sum(w * float(rank + k))
+        tape = hvd.DistributedGradientTape(tape, groups=2)
+        return tape.gradient(value, [table] + weights)
+    grads = mode(gradients)()
+    expected_table = np.zeros((size + 1, 2))
+    for r in range(size):
+        expected_table[r] += (r + 1) / size
+    np.testing.assert_allclose(tf.convert_to_tensor(grads[0]).numpy(), expected_table, rtol=1e-6)
+    for k, grad in enumerate(grads[1:]):
+        np.testing.assert_allclose(grad.numpy(), np.full(3, (size - 1) / 2 + k), rtol=1e-6)
+
+
 def test_broadcast_callback_equalizes_models_and_optimizer(rank, size):
     model = make_model(seed=10 + rank)
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.0)),

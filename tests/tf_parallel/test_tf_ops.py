@@ -104,7 +104,8 @@ def test_grouped_allgather(rank, size, mode):
 def test_broadcast_from_each_root(dtype, rank, size, mode):
     for root in range(size):
         all_inputs = inputs(f"bcast/{root}/{dtype.name}", size, (2, 3), dtype)
-        result = mode(lambda x: hvd.broadcast(x, root))(tf.constant(all_inputs[rank], dtype))
+        result = mode(lambda x, root=root: hvd.broadcast(x, root))(
+            tf.constant(all_inputs[rank], dtype))
         np.testing.assert_array_equal(result.numpy(), all_inputs[root])
 
 
@@ -138,7 +139,8 @@ def test_reducescatter_uneven_rows(rank, size, mode):
     result = mode(lambda x: hvd.reducescatter(x, op=hvd.Sum))(tf.constant(all_inputs[rank]))
     counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
     start = sum(counts[:rank])
-    np.testing.assert_allclose(result.numpy(), np.sum(all_inputs, axis=0)[start:start + counts[rank]])
+    np.testing.assert_allclose(result.numpy(),
+                               np.sum(all_inputs, axis=0)[start:start + counts[rank]])
     grouped = mode(lambda x: hvd.grouped_reducescatter([x, x * 2]))(tf.constant(all_inputs[rank]))
     np.testing.assert_allclose(grouped[1].numpy(),
                                2 * np.mean(all_inputs, axis=0)[start:start + counts[rank]],

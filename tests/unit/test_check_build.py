@@ -26,7 +26,8 @@ def test_framework_states():
 def test_framework_that_does_not_import_says_why():
     def broken(module):
         return "ImportError: numpy.core.multiarray failed to import" if module == "torch" else None
-    lines = {label.split()[0]: (ok, text) for ok, label, text in check_build.framework_lines(broken)}
+    lines = {label.split()[0]: (ok, text)
+             for ok, label, text in check_build.framework_lines(broken)}
     assert lines["PyTorch"][0] is False
     assert "does not import: ImportError: numpy.core.multiarray" in lines["PyTorch"][1]
 
@@ -37,11 +38,14 @@ def test_core_lines_for_a_cuda_build_and_a_cpu_only_one():
             "cpu_kernels": {"generic": True, "avx2": True, "avx512": False}}
     cpu = {label: (ok, text) for ok, label, text in
            check_build.core_lines(dict(base, cuda_built=False, nccl_built=False))}
-    assert cpu["MPI controller"] == (True, "Open MPI v5.0.11 from a system MPI, /usr/lib/libmpi.so.40")
+    assert cpu["MPI controller"] == (
+        True, "Open MPI v5.0.11 from a system MPI, /usr/lib/libmpi.so.40")
     assert cpu["CUDA"][0] is False and "HORA_WITH_CUDA=1" in cpu["CUDA"][1]
     assert cpu["NCCL"][0] is False
-    assert "avx2 is used" in cpu["CPU kernels"][1] and "lacks the instructions for avx512" in cpu["CPU kernels"][1]
-    gpu = {label: ok for ok, label, _ in check_build.core_lines(dict(base, cuda_built=True, nccl_built=True))}
+    assert "avx2 is used" in cpu["CPU kernels"][1]
+    assert "lacks the instructions for avx512" in cpu["CPU kernels"][1]
+    gpu = {label: ok for ok, label, _ in
+           check_build.core_lines(dict(base, cuda_built=True, nccl_built=True))}
     assert gpu["CUDA"] and gpu["NCCL"]
 
 

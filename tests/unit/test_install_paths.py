@@ -39,7 +39,16 @@ def test_horovod_build_script_names_what_is_missing(tmp_path):
     import subprocess
     script = ROOT / "scripts" / "install_horovod.sh"
     missing = tmp_path / "no-venv"
-    job = subprocess.run(["bash", str(script)], env={"HORA_VENV": str(missing), "PATH": "/usr/bin:/bin"},
+    job = subprocess.run(["bash", str(script)],
+                         env={"HORA_VENV": str(missing), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60)
     assert job.returncode == 1
     assert f"no Python environment at {missing}" in job.stderr
+
+
+def test_the_package_ships_its_type_information():
+    """py.typed marks hora as typed (PEP 561). wheel.packages ships every
+    file of python/hora, so the installed package has it too."""
+    import importlib.resources
+    assert (ROOT / "python" / "hora" / "py.typed").is_file()
+    assert importlib.resources.files("hora").joinpath("py.typed").is_file()

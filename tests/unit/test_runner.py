@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from hora.runner import cli, mpi_command, rank_exec
-from hora.runner import markers
+from hora.runner import cli, markers, mpi_command, rank_exec
 from hora.runner.hosts import Host
 from hora.runner.mpi_command import INTEL_MPI, MPICH, OPEN_MPI, LaunchSpec, MpiError
 
@@ -121,8 +120,8 @@ def test_open_mpi_root_flag_only_for_root():
 @pytest.mark.parametrize("num_proc, cores, oversubscribed, share", [
     (2, 2, False, 1), (3, 2, True, None), (1, 1, False, 1), (8, 4, True, None), (1, 8, False, 8),
     (3, 8, False, 2)])
-def test_open_mpi_binds_to_a_share_of_the_cores_unless_oversubscribed(num_proc, cores, oversubscribed,
-                                                                      share):
+def test_open_mpi_binds_to_a_share_of_the_cores_unless_oversubscribed(num_proc, cores,
+                                                                      oversubscribed, share):
     args = _args(OPEN_MPI, num_proc, cores=cores)
     assert args[:2] == ["-np", str(num_proc)]
     assert ("--oversubscribe" in args) == oversubscribed
@@ -166,7 +165,8 @@ SAMPLE_ENV = {
     "HOME": "/root",
     "HORAX": "not a HORA_ variable",
 }
-FORWARDED = ["HORA_FUSION_THRESHOLD", "HORA_TIMELINE", "HOROVOD_CYCLE_TIME", "PATH", "PYTHONPATH", "VIRTUAL_ENV"]
+FORWARDED = ["HORA_FUSION_THRESHOLD", "HORA_TIMELINE", "HOROVOD_CYCLE_TIME", "PATH", "PYTHONPATH",
+             "VIRTUAL_ENV"]
 
 
 def test_forwarded_names():
@@ -207,14 +207,16 @@ def test_unknown_flavour_is_rejected():
 
 def test_full_command_runs_rank_exec_with_the_same_python():
     spec = LaunchSpec(num_proc=2, cores=2)
-    cmd = cli.build_command("/venv/bin/mpirun", OPEN_MPI, spec, ["python", "train.py", "--lr", "0.1"],
-                            python="/venv/bin/python")
+    cmd = cli.build_command("/venv/bin/mpirun", OPEN_MPI, spec,
+                            ["python", "train.py", "--lr", "0.1"], python="/venv/bin/python")
     assert cmd[0] == "/venv/bin/mpirun"
-    tail = ["/venv/bin/python", "-m", "hora.runner.rank_exec", "--", "python", "train.py", "--lr", "0.1"]
+    tail = ["/venv/bin/python", "-m", "hora.runner.rank_exec", "--", "python", "train.py", "--lr",
+            "0.1"]
     assert cmd[-len(tail):] == tail
     assert cmd[1:3] == ["-np", "2"]
     with_output = cli.build_command("/m", OPEN_MPI, spec, ["x"], python="/p", output_dir="/out")
-    assert with_output[-6:] == ["/p", "-m", "hora.runner.rank_exec", "--output-dir", "/out", "--", "x"][-6:]
+    assert with_output[-6:] == ["/p", "-m", "hora.runner.rank_exec", "--output-dir", "/out", "--",
+                                "x"][-6:]
 
 
 # --- rank environment ------------------------------------------------------
@@ -254,7 +256,8 @@ def test_rank_info_rejects_garbage():
 def test_rank_env_sets_hora_and_horovod_names():
     assert rank_exec.rank_env(1, 4, 1, 2) == {
         "HORA_RANK": "1", "HORA_SIZE": "4", "HORA_LOCAL_RANK": "1", "HORA_LOCAL_SIZE": "2",
-        "HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2",
     }
 
 
@@ -297,7 +300,8 @@ def _rank_exec(args, extra_env):
 
 
 def test_rank_exec_runs_command_with_rank_env():
-    script = "import os; print(os.environ['HOROVOD_RANK'], os.environ['HORA_LOCAL_SIZE'], os.environ['PYTHONUNBUFFERED'])"
+    script = ("import os; print(os.environ['HOROVOD_RANK'], os.environ['HORA_LOCAL_SIZE'], "
+              "os.environ['PYTHONUNBUFFERED'])")
     done = _rank_exec(["--", sys.executable, "-c", script], {"PMI_RANK": "2", "PMI_SIZE": "4"})
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"[2] 2 4 1\n"
@@ -404,7 +408,8 @@ def test_marker_round_trip_and_ordinary_lines():
 
 
 def test_cli_hosts_and_hostfile_are_exclusive(capsys):
-    assert "not allowed with" in _parse_error(["-np", "2", "-H", "a:1", "--hostfile", "f", "x"], capsys)
+    error = _parse_error(["-np", "2", "-H", "a:1", "--hostfile", "f", "x"], capsys)
+    assert "not allowed with" in error
 
 
 def test_cli_reports_bad_hosts(capsys):
@@ -412,7 +417,8 @@ def test_cli_reports_bad_hosts(capsys):
 
 
 def test_cli_splits_mpi_and_binding_args():
-    args = cli.parse_args(["-np", "2", "--mpi-args", "--mca btl 'tcp,self'", "--binding-args", "", "x"])
+    args = cli.parse_args(["-np", "2", "--mpi-args", "--mca btl 'tcp,self'", "--binding-args", "",
+                           "x"])
     assert args.mpi_args == ["--mca", "btl", "tcp,self"]
     assert args.binding_args == []
     assert cli.parse_args(["-np", "2", "x"]).binding_args is None
@@ -432,8 +438,8 @@ def test_job_environment_maps_flags_and_x():
     assert env["HORA_CACHE_CAPACITY"] == "0"
     assert env["HORA_LOG_LEVEL"] == "debug"
     assert env["OTHER"] == "5"
-    assert names == sorted(["HORA_FUSION_THRESHOLD_BYTES", "HORA_CYCLE_TIME_MS", "HORA_CACHE_CAPACITY",
-                            "HORA_LOG_LEVEL", "MY_SETTING", "OTHER", "PATH"])
+    assert names == sorted(["HORA_FUSION_THRESHOLD_BYTES", "HORA_CYCLE_TIME_MS",
+                            "HORA_CACHE_CAPACITY", "HORA_LOG_LEVEL", "MY_SETTING", "OTHER", "PATH"])
 
 
 def test_job_environment_refuses_an_unset_x():

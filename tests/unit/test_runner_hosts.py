@@ -18,8 +18,8 @@ def test_host_named_twice_adds_up():
 
 @pytest.mark.parametrize("text, fragment", [
     ("a:0", "at least 1"), ("a:x", "not a whole number"), ("a,,b", "entry 2 is empty"),
-    ("a;rm -rf /:2", "not a valid host name"), ("", "entry 1 is empty"), (":2", "not a valid host name"),
-    ("-a:1", "not a valid host name")])
+    ("a;rm -rf /:2", "not a valid host name"), ("", "entry 1 is empty"),
+    (":2", "not a valid host name"), ("-a:1", "not a valid host name")])
 def test_bad_host_strings(text, fragment):
     with pytest.raises(HostError, match=fragment):
         parse_host_string(text)

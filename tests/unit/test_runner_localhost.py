@@ -26,7 +26,8 @@ def horarun(num_proc, script, extra_env=None, options=()):
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     env.update(extra_env or {})
     return subprocess.run(
-        [sys.executable, "-m", "hora.runner", "-np", str(num_proc), *options, sys.executable, "-c", script],
+        [sys.executable, "-m", "hora.runner", "-np", str(num_proc), *options, sys.executable, "-c",
+         script],
         env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
     )
 
@@ -35,8 +36,9 @@ def horarun(num_proc, script, extra_env=None, options=()):
 def test_every_rank_reports_its_place(num_proc):
     script = (
         "import os\n"
-        "print('rank=%s size=%s local=%s token=%s' % (os.environ['HORA_RANK'], os.environ['HORA_SIZE'],\n"
-        "      os.environ['HOROVOD_LOCAL_RANK'], os.environ.get('HORA_TEST_TOKEN')))\n"
+        "print('rank=%s size=%s local=%s token=%s' % (os.environ['HORA_RANK'],\n"
+        "      os.environ['HORA_SIZE'], os.environ['HOROVOD_LOCAL_RANK'],\n"
+        "      os.environ.get('HORA_TEST_TOKEN')))\n"
     )
     done = horarun(num_proc, script, {"HORA_TEST_TOKEN": "t0k"})
     assert done.returncode == 0, done.stderr
@@ -65,7 +67,8 @@ def test_failing_rank_fails_the_job():
 
 
 def test_rank_killed_by_signal_is_reported():
-    script = "import os, signal\nif os.environ['HORA_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+    script = ("import os, signal\n"
+              "if os.environ['HORA_RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n")
     done = horarun(2, script)
     assert done.returncode != 0
     assert "[1] killed by signal SIGKILL" in done.stderr
@@ -106,7 +109,8 @@ def test_rank_killed_mid_collective_stops_the_job(num_proc):
     assert done.returncode == 128 + signal.SIGKILL, done.stderr
     assert f"horarun: rank {num_proc - 1} on host " in done.stderr
     assert "failed first (killed by SIGKILL)" in done.stderr
-    assert seconds < 10 + 5, f"the job took {seconds:.1f} s to stop"  # 5 s: start-up of Python ranks
+    # 5 s: start-up of Python ranks
+    assert seconds < 10 + 5, f"the job took {seconds:.1f} s to stop"
     time.sleep(0.5)
     assert _hora_processes(token) == [], "ranks outlived the job"
 
@@ -116,7 +120,8 @@ def test_sigint_to_horarun_stops_every_rank():
     script = f"# {token}\nimport time\nprint('up', flush=True)\ntime.sleep(300)\n"
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
-    job = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c", script],
+    job = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c",
+                            script],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = 0
@@ -167,20 +172,22 @@ def test_ranks_are_bound_to_their_share_of_the_cores():
     assert done.stdout.strip() == f"[0] {cores}"
     if cores >= 2:
         done = horarun(2, script)
-        assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", str(cores // 2), str(cores // 2)])
+        assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", str(cores // 2),
+                                                      str(cores // 2)])
     done = horarun(cores + 1, script)
     assert all(line.endswith(f" {cores}") for line in done.stdout.splitlines()), done.stdout
 
 
 def test_ranks_get_a_thread_count_unless_set():
     script = "import os\nprint(os.environ.get('OMP_NUM_THREADS'))\n"
-    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"
+           and not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     done = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-c",
-                           script], env={k: v for k, v in env.items()
-                                         if not k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))},
+                           script], env=env,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     share = max(1, mpi_command.usable_cores() // 2)
-    assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", str(share), str(share)]), done.stdout
+    expected = sorted(["[0]", "[1]", str(share), str(share)])
+    assert sorted(done.stdout.split()) == expected, done.stdout
     done = horarun(2, script, extra_env={"OMP_NUM_THREADS": "3"})
     assert sorted(done.stdout.split()) == sorted(["[0]", "[1]", "3", "3"]), done.stdout
 

@@ -51,7 +51,8 @@ def test_first_failure_is_named_and_its_code_returned():
         sys.exit(3)
     """)
     assert outcome.code == 3
-    assert outcome.message == "horarun: rank 1 on host host1 failed first (exit code 3); the job was stopped"
+    assert outcome.message == ("horarun: rank 1 on host host1 failed first (exit code 3); the job "
+                               "was stopped")
 
 
 def test_earliest_failure_wins_over_the_first_to_arrive():

@@ -39,7 +39,8 @@ def job():
     events += [{"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "tid": 0, "ts": 50000},
                mark(1, 50000, 0),
                {"name": "NEGOTIATE_ALLREDUCE", "ph": "E", "pid": 1, "tid": 0, "ts": 50005},
-               x(1, "QUEUE", 50005, 1), x(1, "ALLREDUCE", 50006, 30, bytes=1024, tensors=1, first="a"),
+               x(1, "QUEUE", 50005, 1),
+               x(1, "ALLREDUCE", 50006, 30, bytes=1024, tensors=1, first="a"),
                x(1, "MPI_ALLREDUCE", 50006, 30)]
     return events
 

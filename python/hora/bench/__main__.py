@@ -1,4 +1,7 @@
-"""python -m hora.bench {allreduce,allgather,broadcast,reducescatter,alltoall,latency,fusion,autotune,idle,torch-synthetic,gpu-kernels}
+"""python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
+
+BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
+latency, fusion, autotune, idle, torch-synthetic and gpu-kernels.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -55,7 +58,10 @@ def sizes(minimum, maximum):
 def count_wrong(kind, impl, nbytes, comm):
     """Runs the collective once on known data and counts wrong elements."""
     n, rank = comm.Get_size(), comm.Get_rank()
-    count = max(n, nbytes // 4 // n * n) if kind in ("reducescatter", "alltoall") else max(1, nbytes // 4)
+    if kind in ("reducescatter", "alltoall"):
+        count = max(n, nbytes // 4 // n * n)
+    else:
+        count = max(1, nbytes // 4)
     x = np.full(count, rank + 1, np.float32)
     if kind == "allreduce":
         impl.allreduce(x)
@@ -108,7 +114,8 @@ def sweep_group(args, comm, impls):
             # non-zero data, as real gradients are (see run_fusion)
             buffer = np.full(count, 1e-30, np.float32)
             call = getattr(impl, args.collective)
-            seconds = timed(lambda: call(buffer), iterations_for(nbytes), comm)
+            seconds = timed(lambda call=call, buffer=buffer: call(buffer), iterations_for(nbytes),
+                            comm)
             algbw = count * 4 / seconds / 1e9
             busbw = algbw * BUS_FACTORS[args.collective](n)
             rows.append({"collective": args.collective, "size": count * 4, "count": count,
@@ -164,9 +171,9 @@ def run_fusion(args, comm):
             for impl in group:
                 # Alternating the two runs keeps a drifting machine from
                 # favouring either; medians keep a stray slow step from deciding.
-                many, one = timed_interleaved([lambda: impl.allreduce_async_many(buffers),
-                                               lambda: impl.allreduce(concatenated)],
-                                              args.iterations, comm)
+                many, one = timed_interleaved(
+                    [lambda impl=impl: impl.allreduce_async_many(buffers),
+                     lambda impl=impl: impl.allreduce(concatenated)], args.iterations, comm)
                 rows.append({"impl": impl.name, "tensors_ms": many * 1e3,
                              "concatenated_ms": one * 1e3, "ratio": many / one})
                 log(f"  {impl.name:>8}  {len(shapes)} tensors: {many * 1e3:8.2f} ms   one "
@@ -217,7 +224,8 @@ def plot(rows, path):
 
 def build_parser():
     """The command line of ``python -m hora.bench``."""
-    parser = argparse.ArgumentParser(prog="python -m hora.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hora.bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
                                                                     "gpu-kernels"],

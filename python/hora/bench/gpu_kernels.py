@@ -51,6 +51,31 @@ def _time_ms(torch, stream, launch, iterations):
     return start.elapsed_time(stop) / iterations
 
 
+def _kernels(codes, raw_stream, size, count, src, dst, half, bf16, pack, unpack):
+    """(label, bytes moved, launch) of each kernel measured at one size."""
+    f32, f16, b16 = codes["float32"], codes["float16"], codes["bfloat16"]
+    return [
+        ("memcpy", 2 * size,
+         lambda: _C.gpu_memcpy(dst.data_ptr(), src.data_ptr(), size, raw_stream)),
+        ("pack", 2 * size,
+         lambda: _C.gpu_scaled_copy(pack, f32, f32, 1.0, 1, raw_stream)),
+        ("unpack+scale", 2 * size,
+         lambda: _C.gpu_scaled_copy(unpack, f32, f32, 0.5, 1, raw_stream)),
+        ("f32->f16", size + size // 2,
+         lambda: _C.gpu_scaled_copy([(src.data_ptr(), half.data_ptr(), count)], f32, f16,
+                                    1.0, 1, raw_stream)),
+        ("f16->f32", size // 2 + size,
+         lambda: _C.gpu_scaled_copy([(half.data_ptr(), dst.data_ptr(), count)], f16, f32,
+                                    1.0, 1, raw_stream)),
+        ("f32->bf16", size + size // 2,
+         lambda: _C.gpu_scaled_copy([(src.data_ptr(), bf16.data_ptr(), count)], f32, b16,
+                                    1.0, 1, raw_stream)),
+        ("bf16->f32", size // 2 + size,
+         lambda: _C.gpu_scaled_copy([(bf16.data_ptr(), dst.data_ptr(), count)], b16, f32,
+                                    1.0, 1, raw_stream)),
+    ]
+
+
 def run(args):
     import torch
 
@@ -65,7 +90,8 @@ def run(args):
     name = torch.cuda.get_device_name(args.device)
     print(f"# hora GPU kernels on {name}; throughput = (read + written) / time; "
           f"pack/unpack over {args.tensors} tensors", flush=True)
-    print(f"# {'bytes':>11} {'kernel':>14} {'time(us)':>10} {'GB/s':>8} {'of memcpy':>10}", flush=True)
+    print(f"# {'bytes':>11} {'kernel':>14} {'time(us)':>10} {'GB/s':>8} {'of memcpy':>10}",
+          flush=True)
     rows = []
     size = args.min_bytes
     while size <= args.max_bytes:
@@ -81,27 +107,8 @@ def run(args):
         offsets = [a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         pack = [(p.data_ptr(), dst.data_ptr() + 4 * o, p.numel()) for p, o in zip(parts, offsets)]
         unpack = [(dst.data_ptr() + 4 * o, p.data_ptr(), p.numel()) for p, o in zip(parts, offsets)]
-        f32, f16, b16 = codes["float32"], codes["float16"], codes["bfloat16"]
-        kernels = [
-            ("memcpy", 2 * size,
-             lambda: _C.gpu_memcpy(dst.data_ptr(), src.data_ptr(), size, raw_stream)),
-            ("pack", 2 * size,
-             lambda: _C.gpu_scaled_copy(pack, f32, f32, 1.0, 1, raw_stream)),
-            ("unpack+scale", 2 * size,
-             lambda: _C.gpu_scaled_copy(unpack, f32, f32, 0.5, 1, raw_stream)),
-            ("f32->f16", size + size // 2,
-             lambda: _C.gpu_scaled_copy([(src.data_ptr(), half.data_ptr(), count)], f32, f16,
-                                        1.0, 1, raw_stream)),
-            ("f16->f32", size // 2 + size,
-             lambda: _C.gpu_scaled_copy([(half.data_ptr(), dst.data_ptr(), count)], f16, f32,
-                                        1.0, 1, raw_stream)),
-            ("f32->bf16", size + size // 2,
-             lambda: _C.gpu_scaled_copy([(src.data_ptr(), bf16.data_ptr(), count)], f32, b16,
-                                        1.0, 1, raw_stream)),
-            ("bf16->f32", size // 2 + size,
-             lambda: _C.gpu_scaled_copy([(bf16.data_ptr(), dst.data_ptr(), count)], b16, f32,
-                                        1.0, 1, raw_stream)),
-        ]
+        f32 = codes["float32"]
+        kernels = _kernels(codes, raw_stream, size, count, src, dst, half, bf16, pack, unpack)
         reference = None
         for label, moved, launch in kernels:
             ms = _time_ms(torch, stream, launch, args.iterations)

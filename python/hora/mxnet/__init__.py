@@ -12,11 +12,23 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError)
+    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError)
 from hora.mxnet.compression import Compression
 from hora.mxnet.functions import allgather_object, broadcast_object
 from hora.mxnet.mpi_ops import (
     allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
     global_process_set, grouped_allreduce, grouped_allreduce_, join, reducescatter)
 from hora.mxnet.training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
+
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer", "HoraError",
+    "HoraInternalError", "HoraMismatchError", "HoraShutdownError", "HorovodInternalError", "Max",
+    "Min", "Product", "ReduceOp", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",
+    "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce", "grouped_allreduce_",
+    "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "rocm_built",
+    "shutdown", "size", "start_timeline", "stop_timeline",
+]
 

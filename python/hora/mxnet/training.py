@@ -1,45 +1,47 @@
 """Training helpers for MXNet: DistributedOptimizer, DistributedTrainer and
 broadcast_parameters, with Horovod's names and arguments."""
 
+from __future__ import annotations
+
 import types
 import warnings
+from typing import Any
 
 import mxnet as mx
 
 from hora.common import ops as _ops
+from hora.common._adapter.handles import wait_all
 from hora.common.arguments import check_process_set, check_root
 from hora.common.basics import Sum, size
+from hora.common.compression import Compressor
+from hora.common.gradient_policy import GradientPolicy, gradient_policy
+from hora.mxnet._arrays import Memory, check_array
 from hora.mxnet.compression import Compression
-from hora.mxnet.mpi_ops import _check, _Memory, broadcast_
+from hora.mxnet.mpi_ops import broadcast_
 
 
-def _check_factor(factor, what):
-    factor = float(factor)
-    if factor <= 0:
-        raise ValueError(f"{what}: gradient_predivide_factor must be positive, got {factor}")
-    return factor
+def _policy(what: str, gradient_predivide_factor: float, num_groups: int,
+            compression: Any = Compression.none) -> GradientPolicy:
+    # MXNet's num_groups is Horovod's only spelling there, not a deprecated one
+    return gradient_policy(what, gradient_predivide_factor=gradient_predivide_factor,
+                           num_groups=num_groups, compression=compression,
+                           num_groups_deprecated=False)
 
 
-def _sum_in_place(arrays, names, prescale, num_groups):
+def _sum_in_place(arrays, names, prescale, policy: GradientPolicy):
     """Sums ``arrays`` over all ranks in place, in one submission (fused by
-    the engine), or as ``num_groups`` grouped units."""
-    memories = [_Memory(a, True) for a in arrays]
-    if num_groups and num_groups > 0:
-        count = min(num_groups, len(memories))
-        chunks = [list(range(len(memories)))[g::count] for g in range(count)]
-        handles = [_ops.grouped_allreduce_async_([memories[i] for i in chunk],
-                                                 f"{names[chunk[0]]}.group", Sum, prescale)
-                   for chunk in chunks]
-    else:
-        handles = [_ops.allreduce_async_(m, n, Sum, prescale) for m, n in zip(memories, names)]
-    first_error = None
-    for handle in handles:  # wait for all before raising, so nothing is left in flight
-        try:
-            _ops.synchronize(handle)
-        except Exception as error:  # noqa: BLE001 - re-raised below
-            first_error = first_error or error
-    if first_error is not None:
-        raise first_error
+    the engine), in the policy's groups (split as in every hora framework,
+    see :mod:`hora.common.gradient_policy`)."""
+    memories = [Memory(a, True) for a in arrays]
+    handles = []
+    for unit in policy.units(names):
+        if policy.groups is None:
+            handles.append(_ops.allreduce_async_(memories[unit[0]], names[unit[0]], Sum,
+                                                 prescale))
+        else:
+            handles.append(_ops.grouped_allreduce_async_([memories[i] for i in unit],
+                                                         f"{names[unit[0]]}.group", Sum, prescale))
+    wait_all(handles)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -48,19 +50,21 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     division by ``size()`` is folded into the wrapped optimizer's
     ``rescale_grad``, as Horovod does. ``gradient_predivide_factor`` divides
     before the sum (and multiplies back after); ``num_groups > 0`` reduces
-    the gradients of one multi-index update as that many fused units. Every
-    other attribute is the wrapped optimizer's."""
+    the gradients of one multi-index update as that many fused units (split
+    in order into contiguous blocks, as Horovod does). Every other attribute
+    is the wrapped optimizer's."""
 
-    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0, process_set=None):
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, process_set: None = None) -> None:
         check_process_set(process_set, "DistributedOptimizer")
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
                             f"{type(optimizer).__name__}")
+        policy = _policy("DistributedOptimizer", gradient_predivide_factor, num_groups)
         object.__setattr__(self, "_optimizer", optimizer)
-        object.__setattr__(self, "_predivide",
-                           _check_factor(gradient_predivide_factor, "DistributedOptimizer"))
-        object.__setattr__(self, "_num_groups", int(num_groups))
-        self._optimizer.rescale_grad *= self._predivide / size()
+        object.__setattr__(self, "_hora_policy", policy)
+        # the core sums; the rest of the average is folded into rescale_grad
+        self._optimizer.rescale_grad *= policy.postscale / size()
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -82,9 +86,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
         for g in grads:
-            _check(g, "DistributedOptimizer gradient")
-        _sum_in_place(grads, [f"optimizer.grad.{i}" for i in indices], 1.0 / self._predivide,
-                      self._num_groups)
+            check_array(g, "DistributedOptimizer gradient")
+        _sum_in_place(grads, [f"optimizer.grad.{i}" for i in indices], self._hora_policy.prescale,
+                      self._hora_policy)
 
     def update(self, index, weight, grad, state):
         """Sums ``grad`` over all ranks, then runs the wrapped update."""
@@ -113,25 +117,28 @@ class DistributedTrainer(mx.gluon.Trainer):
     (``Compression.fp16``); ``gradient_predivide_factor`` divides before the
     sum; ``prefix`` is prepended to the names the gradients are matched by
     (needed when several trainers run in one job); ``num_groups > 0``
-    reduces the gradients as that many fused units."""
+    reduces the gradients as that many fused units (split in order into
+    contiguous blocks, as Horovod does)."""
 
-    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
-                 gradient_predivide_factor=1.0, prefix=None, num_groups=0, process_set=None):
+    def __init__(self, params: Any, optimizer: str | mx.optimizer.Optimizer,
+                 optimizer_params: dict[str, Any] | None = None,
+                 compression: type[Compressor] = Compression.none,
+                 gradient_predivide_factor: float = 1.0, prefix: str | None = None,
+                 num_groups: int = 0, process_set: None = None) -> None:
         check_process_set(process_set, "DistributedTrainer")
+        policy = _policy("DistributedTrainer", gradient_predivide_factor, num_groups, compression)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("DistributedTrainer reduces the gradients itself; the "
                           "DistributedOptimizer wrapper is removed", stacklevel=2)
             wrapper, optimizer = optimizer, optimizer._optimizer
             # undo the wrapper's division, which the trainer's scale would repeat
-            optimizer.rescale_grad *= size() / wrapper._predivide
+            optimizer.rescale_grad *= size() / wrapper._hora_policy.postscale
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._hora_compression = compression
-        self._hora_predivide = _check_factor(gradient_predivide_factor, "DistributedTrainer")
+        self._hora_policy = policy
         self._hora_prefix = "" if prefix is None else str(prefix)
-        self._hora_num_groups = int(num_groups)
         # Trainer.step divides by batch_size through _scale; dividing by
         # size() too turns the sum over ranks into the average
-        self._scale *= self._hora_predivide / size()
+        self._scale *= policy.postscale / size()
 
     def _allreduce_grads(self):
         if size() == 1:
@@ -140,17 +147,18 @@ class DistributedTrainer(mx.gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
-            grad = _check(param.list_grad()[0], f"DistributedTrainer gradient of {param.name}")
-            wire, ctx = self._hora_compression.compress(grad)
+            grad = check_array(param.list_grad()[0],
+                               f"DistributedTrainer gradient of {param.name}")
+            wire, ctx = self._hora_policy.compression.compress(grad)
             grads.append(wire)
             # by position, not param.name: MXNet's automatic block names
             # depend on how many blocks each process has made before
             names.append(f"{self._hora_prefix}trainer.grad.{i}")
             if wire is not grad:
                 restore.append((grad, wire, ctx))
-        _sum_in_place(grads, names, 1.0 / self._hora_predivide, self._hora_num_groups)
+        _sum_in_place(grads, names, self._hora_policy.prescale, self._hora_policy)
         for grad, wire, ctx in restore:
-            grad[:] = self._hora_compression.decompress(wire, ctx)
+            grad[:] = self._hora_policy.compression.decompress(wire, ctx)
 
 
 def _broadcast_after_init(param, root_rank, name):
@@ -165,7 +173,8 @@ def _broadcast_after_init(param, root_rank, name):
     param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
-def broadcast_parameters(params, root_rank=0, prefix=None):
+def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArray],
+                         root_rank: int = 0, prefix: str | None = None) -> None:
     """Sets every rank's parameters to ``root_rank``'s.
 
     ``params`` is a gluon ``ParameterDict`` (``net.collect_params()``) or a
@@ -192,8 +201,6 @@ def broadcast_parameters(params, root_rank=0, prefix=None):
         raise TypeError(f"broadcast_parameters takes a gluon ParameterDict or a dict of "
                         f"NDArrays, got {type(params).__name__}")
     for name, array in arrays:
-        _check(array, f"broadcast_parameters '{name}'")
-    handles = [_ops.broadcast_async_(_Memory(array, True), root_rank, f"{prefix}parameter.{name}")
-               for name, array in arrays]
-    for handle in handles:
-        _ops.synchronize(handle)
+        check_array(array, f"broadcast_parameters '{name}'")
+    wait_all([_ops.broadcast_async_(Memory(array, True), root_rank, f"{prefix}parameter.{name}")
+              for name, array in arrays])

@@ -80,7 +80,8 @@ def core_lines(info):
         lines.append((True, "CPU kernels", _kernel_text(kernels)))
     if info.get("cuda_built"):
         devices = str(info.get("cuda_devices", "?"))
-        lines.append((True, "CUDA", f"built in: compiled with CUDA {info.get('cuda_compiled', '?')} "
+        lines.append((True, "CUDA", f"built in: compiled with CUDA "
+                                    f"{info.get('cuda_compiled', '?')} "
                                     f"for {info.get('cuda_architectures', '?')}; runtime "
                                     f"{info.get('cuda_runtime', '?')}, driver "
                                     f"{info.get('cuda_driver', '?')}, {devices} GPU(s) visible"))

@@ -58,7 +58,8 @@ def build_parser():
     parser.add_argument("--check-build", action="store_true",
                         help="print what this install of hora can do (frameworks, MPI, CUDA, "
                              "NCCL) and why anything is missing, then exit")
-    where = parser.add_argument_group("where the ranks run (default: this machine, one slot per core)")
+    where = parser.add_argument_group(
+        "where the ranks run (default: this machine, one slot per core)")
     where = where.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
                        help="hosts and how many ranks each takes, e.g. node1:4,node2:4 "
@@ -134,8 +135,8 @@ def build_parser():
 _VALUE_OPTIONS = {"-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpi-args",
                   "--binding-args", "-x", "--start-timeout", "--output-filename",
                   "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--log-level",
-                  "--timeline-filename", "--stall-check-warning-time-seconds", "--autotune-log-file",
-                  "--stall-check-shutdown-time-seconds"}
+                  "--timeline-filename", "--stall-check-warning-time-seconds",
+                  "--autotune-log-file", "--stall-check-shutdown-time-seconds"}
 _ARGS_OPTIONS = {"--mpi-args", "--binding-args"}
 
 
@@ -203,7 +204,8 @@ def job_environment(args, env):
         "HORA_AUTOTUNE": "1" if args.autotune else None,
         "HORA_AUTOTUNE_LOG": os.path.abspath(args.autotune_log_file) if args.autotune_log_file
         else None,
-        "HORA_TIMELINE": os.path.abspath(args.timeline_filename) if args.timeline_filename else None,
+        "HORA_TIMELINE": (os.path.abspath(args.timeline_filename) if args.timeline_filename
+                          else None),
         "HORA_TIMELINE_MARK_CYCLES": "1" if args.timeline_mark_cycles else None,
         "HORA_STALL_CHECK_DISABLE": "1" if args.no_stall_check else None,
         "HORA_STALL_CHECK_TIME_SECONDS": None if args.stall_check_warning_time_seconds is None

@@ -89,7 +89,8 @@ def find_mpirun(executable=None, which=shutil.which, system_bin_dir=None, wheel_
     found = which("mpirun")
     if found:
         return found
-    raise MpiError(f"horarun: no 'mpirun' found next to {executable or 'python'} or on PATH; {_INSTALL_HINT}")
+    raise MpiError(f"horarun: no 'mpirun' found next to {executable or 'python'} or on PATH; "
+                   f"{_INSTALL_HINT}")
 
 
 def detect_flavour(version_text):
@@ -102,8 +103,8 @@ def detect_flavour(version_text):
         return MPICH
     first_line = version_text.strip().splitlines()[0] if version_text.strip() else "(no output)"
     raise MpiError(
-        f"horarun: cannot tell which MPI this mpirun belongs to (its --version said: {first_line!r}); "
-        "horarun supports Open MPI, MPICH and Intel MPI"
+        f"horarun: cannot tell which MPI this mpirun belongs to (its --version said: "
+        f"{first_line!r}); horarun supports Open MPI, MPICH and Intel MPI"
     )
 
 
@@ -187,7 +188,8 @@ class LaunchSpec:
     @property
     def cores_per_rank(self):
         """Each rank's share of its host's cores (at least 1)."""
-        busiest = self.num_proc if self.hosts is None else max(ranks_per_host(self.hosts, self.num_proc))
+        busiest = (self.num_proc if self.hosts is None
+                   else max(ranks_per_host(self.hosts, self.num_proc)))
         return max(1, self.cores // max(1, busiest))
 
 
@@ -213,7 +215,8 @@ def build_mpirun_args(flavour, spec):
     """Arguments that go between the mpirun path and the per-rank command."""
     if flavour not in FLAVOUR_NAMES:
         raise ValueError(f"unknown MPI flavour {flavour!r}")
-    binding = default_binding_args(flavour, spec) if spec.binding_args is None else list(spec.binding_args)
+    binding = (default_binding_args(flavour, spec) if spec.binding_args is None
+               else list(spec.binding_args))
 
     if flavour == OPEN_MPI:
         args = ["-np", str(spec.num_proc)]

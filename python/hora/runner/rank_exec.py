@@ -116,6 +116,12 @@ def _write(sink, data):
         return None
 
 
+def _write_exited(rank, host, outcome):
+    """The marker the supervisor reads this rank's end from."""
+    marker = markers.Marker("exited", rank, host, outcome, time.time())
+    _write(sys.stdout.buffer, markers.encode(marker))
+
+
 def _forward_signals(child):
     # mpirun signals us, not our child; pass the request on so the user's
     # program gets the chance to shut down cleanly.
@@ -201,8 +207,9 @@ def main(argv=None):
             os.makedirs(directory, exist_ok=True)
             files = [open(os.path.join(directory, name), "wb") for name in ("stdout", "stderr")]
         except OSError as exc:
-            _write(sys.stderr.buffer, prefix + f"cannot write output to {output_dir!r}: {exc}\n".encode())
-            _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, "code=1", time.time())))
+            _write(sys.stderr.buffer,
+                   prefix + f"cannot write output to {output_dir!r}: {exc}\n".encode())
+            _write_exited(rank, host, "code=1")
             return 1
     out, err = (files[0], files[1]) if files else (subprocess.PIPE, subprocess.PIPE)
 
@@ -213,7 +220,7 @@ def main(argv=None):
         _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
         # The shell's conventions: 127 for not found, 126 for not runnable.
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, f"code={code}", time.time())))
+        _write_exited(rank, host, f"code={code}")
         return code
     finally:
         for f in files:
@@ -224,8 +231,10 @@ def main(argv=None):
     relays = []
     if not files:
         relays = [
-            threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix), daemon=True),
-            threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix), daemon=True),
+            threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix),
+                             daemon=True),
+            threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix),
+                             daemon=True),
         ]
     for thread in relays:
         thread.start()
@@ -233,9 +242,10 @@ def main(argv=None):
     for thread in relays:
         thread.join()
 
-    _write(sys.stdout.buffer, markers.encode(markers.Marker("exited", rank, host, _outcome(code), time.time())))
+    _write_exited(rank, host, _outcome(code))
     if code < 0:
-        _write(sys.stderr.buffer, prefix + f"killed by signal {markers.signal_name(-code)}\n".encode())
+        _write(sys.stderr.buffer,
+               prefix + f"killed by signal {markers.signal_name(-code)}\n".encode())
         return 128 - code
     return code
 

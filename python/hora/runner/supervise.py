@@ -193,7 +193,8 @@ def _rank_list(ranks):
 def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout):
     started = frozenset(started)
     if stop_signal is not None:
-        return Outcome(128 + stop_signal, f"horarun: job stopped by {markers.signal_name(stop_signal)}",
+        return Outcome(128 + stop_signal,
+                       f"horarun: job stopped by {markers.signal_name(stop_signal)}",
                        started=started)
     if start_expired:
         return Outcome(code or 1, f"horarun: job stopped: not every rank started within "

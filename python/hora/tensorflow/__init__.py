@@ -7,13 +7,17 @@ works with any TensorFlow 2 release. Collectives work eagerly and inside
 provides the callbacks.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from hora.common.basics import (
     Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
     cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError)
+    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError)
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import allgather_object, broadcast_object
 from hora.tensorflow.gradient_tape import DistributedGradientTape
@@ -22,8 +26,25 @@ from hora.tensorflow.mpi_ops import (
     global_process_set, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
     local_rank_op, local_size_op, rank_op, reducescatter, size_op)
 
+if TYPE_CHECKING:
+    import keras
 
-def DistributedOptimizer(optimizer, *args, **kwargs):
+__all__ = [
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
+    "HorovodInternalError", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "broadcast_object", "broadcast_variables", "build_info", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",
+    "is_initialized", "join", "local_rank", "local_rank_op", "local_size", "local_size_op",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rank_op",
+    "reducescatter", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
+]
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *args: Any,
+                         **kwargs: Any) -> keras.optimizers.Optimizer:
     """Horovod's TF2 spelling: wraps a Keras optimizer exactly as
     :func:`hora.tensorflow.keras.DistributedOptimizer` does."""
     from hora.tensorflow.keras import DistributedOptimizer as keras_optimizer

@@ -14,12 +14,14 @@ call order in eager mode; in a graph it is named after the tensor it reduces
 rank does not shift the names of the others.
 """
 
+from __future__ import annotations
+
 import re
 
 import numpy as np
 import tensorflow as tf
 
-from hora.common import ops as _ops
+from hora.common._adapter.naming import auto_name
 
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
                     tf.float32, tf.float64, tf.bool)
@@ -60,7 +62,7 @@ def collective_name(name, kind, tensor=None):
             raise TypeError(f"{kind.lower()}: name must be a str, got {type(name).__name__}")
         return name
     if tf.executing_eagerly():
-        return _ops._auto_name(kind.lower())
+        return auto_name(kind.lower())
     base = f"Hora{kind}"
     if tensor is not None:
         base += "_" + _normalize(tensor.name.split(":")[0])
@@ -94,22 +96,6 @@ def run(fn, inputs, out_dtypes, out_shapes, name):
     for output, shape in zip(outputs, out_shapes):
         output.set_shape(shape)
     return list(outputs)
-
-
-def wait_all(handles):
-    """Results of every handle; waits for all of them even when one fails,
-    then raises the first error."""
-    results, first_error = [], None
-    for handle in handles:
-        try:
-            results.append(_ops.synchronize(handle))
-        except Exception as error:  # noqa: BLE001 - re-raised below
-            results.append(None)
-            if first_error is None:
-                first_error = error
-    if first_error is not None:
-        raise first_error
-    return results
 
 
 def gathered_shape(shape):

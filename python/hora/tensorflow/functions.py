@@ -1,17 +1,23 @@
 """Object collectives with Horovod's TensorFlow signatures."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from hora.common import ops as _ops
 from hora.common.arguments import check_process_set, check_root
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+                     process_set: None = None) -> Any:
     """Returns ``root_rank``'s picklable ``obj`` on every rank (``session``
     is accepted for Horovod compatibility and ignored)."""
     check_process_set(process_set, "broadcast_object")
     return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name)
 
 
-def allgather_object(obj, session=None, name=None, process_set=None):
+def allgather_object(obj: Any, session: Any = None, name: str | None = None,
+                     process_set: None = None) -> list[Any]:
     """Returns the list of every rank's picklable ``obj``, in rank order."""
     check_process_set(process_set, "allgather_object")
     return _ops.allgather_object(obj, name)

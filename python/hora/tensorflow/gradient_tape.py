@@ -1,9 +1,14 @@
 """DistributedGradientTape: a ``tf.GradientTape`` whose ``gradient``
 returns gradients averaged over all ranks."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import tensorflow as tf
 
-from hora.common.basics import Average
+from hora.common.basics import Average, ReduceOp
+from hora.common.compression import Compressor
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
@@ -11,8 +16,9 @@ from hora.tensorflow.gradients import GradientReducer
 class _DistributedTape:
     """Mixed in before the wrapped tape's class; shares the tape's state."""
 
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
+                 ) -> Any:
         """The tape's gradients of ``target`` with respect to ``sources``,
         reduced over all ranks (a collective: every rank must call it)."""
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
@@ -22,10 +28,14 @@ class _DistributedTape:
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
-def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
-                            compression=Compression.none, sparse_as_dense=False, op=Average,
-                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                            process_set=None, scale_local_gradients=True):
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "",
+                            compression: type[Compressor] = Compression.none,
+                            sparse_as_dense: bool = False, op: ReduceOp | int = Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: int | list[list[tf.Variable]] | None = None,
+                            process_set: None = None,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wraps ``gradtape`` (after its ``with`` block, as in Horovod) so that
     ``gradient()`` averages the gradients over all ranks before returning them.
 
@@ -33,15 +43,18 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     ``sparse_as_dense`` turns ``tf.IndexedSlices`` into dense tensors
     instead of gathering them; ``op`` is Average (default) or Sum;
     ``gradient_predivide_factor`` divides before the sum and the rest after;
-    ``groups`` is an int (split the gradients into that many fused units) or
-    a list of variable lists reduced as units. The result is an instance of
-    a subclass of the tape's class, so it is still a ``tf.GradientTape``.
+    ``groups`` is an int (the gradients, in order, split into that many
+    contiguous fused units, as Horovod does) or a list of variable lists
+    reduced as units (``num_groups`` is its deprecated spelling). The
+    result is an instance of a subclass of the tape's class, so it is still
+    a ``tf.GradientTape``.
     Raises ``ValueError`` for a bad op, factor, groups or process set."""
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                              groups, num_groups, process_set, what="DistributedGradientTape")
+                              groups, num_groups, process_set, what="DistributedGradientTape",
+                              stacklevel=2)
     cls = type(gradtape.__class__.__name__, (_DistributedTape, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)

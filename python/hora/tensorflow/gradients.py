@@ -3,41 +3,27 @@
 
 All dense gradients of one call travel through one graph node (one
 submission, so the engine fuses them); ``groups`` decides which of them are
-negotiated as grouped units. ``tf.IndexedSlices`` gradients are gathered
-from every rank unless ``sparse_as_dense`` turns them into dense tensors
-first. ``None`` gradients stay ``None``.
+negotiated as grouped units, split as in every hora framework (see
+:mod:`hora.common.gradient_policy`). ``tf.IndexedSlices`` gradients are
+gathered from every rank unless ``sparse_as_dense`` turns them into dense
+tensors first. ``None`` gradients stay ``None``.
 """
 
-import numpy as np
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
 import tensorflow as tf
 
 from hora.common import ops as _ops
-from hora.common.arguments import check_op, check_process_set
-from hora.common.basics import Average, Sum, size
-from hora.tensorflow._bridge import check_tensor, collective_name, run, wait_all
+from hora.common._adapter.handles import wait_all
+from hora.common.arguments import check_process_set
+from hora.common.basics import Average, ReduceOp, size
+from hora.common.gradient_policy import gradient_policy
+from hora.tensorflow._bridge import check_tensor, collective_name, run
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.mpi_ops import _allreduce_sparse
-
-
-def _check_groups(groups, num_groups):
-    if groups is not None and num_groups:
-        raise ValueError("pass either groups or the deprecated num_groups, not both")
-    if groups is None:
-        groups = num_groups or None
-    if groups is None or isinstance(groups, int) and not isinstance(groups, bool):
-        if groups is not None and groups < 0:
-            raise ValueError(f"groups must be a positive int or a list of variable lists, "
-                             f"got {groups}")
-        return groups or None
-    groups = [list(group) for group in groups]
-    seen = set()
-    for group in groups:
-        for variable in group:
-            if id(variable) in seen:
-                raise ValueError(f"groups: variable {getattr(variable, 'name', variable)!r} is "
-                                 f"in more than one group")
-            seen.add(id(variable))
-    return groups
 
 
 def _scaled(grad, factor):
@@ -51,54 +37,44 @@ def _scaled(grad, factor):
 
 class GradientReducer:
     """Callable: ``reducer(grads, variables=None)`` returns the gradients
-    averaged (or summed, by ``op``) over all ranks, as a list."""
+    averaged (or summed, by ``op``) over all ranks, as a list.
+    ``stacklevel`` is that of the ``num_groups`` deprecation warning, as
+    counted from the caller."""
 
-    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, groups=None, num_groups=0, process_set=None,
-                 extra_postscale=1.0, what="gradients"):
+    def __init__(self, compression: Any = Compression.none, sparse_as_dense: bool = False,
+                 op: ReduceOp | int = Average, gradient_predivide_factor: float = 1.0,
+                 groups: Any = None, num_groups: int = 0, process_set: None = None,
+                 extra_postscale: float = 1.0, what: str = "gradients",
+                 stacklevel: int = 1) -> None:
         check_process_set(process_set, what)
-        self.op = check_op(op)
-        if self.op not in (Average, Sum):
-            raise ValueError(f"{what}: op must be Average or Sum, got {self.op.name}")
-        if gradient_predivide_factor != 1.0 and self.op != Average:
-            raise ValueError(f"{what}: gradient_predivide_factor needs op=Average")
-        if gradient_predivide_factor <= 0:
-            raise ValueError(f"{what}: gradient_predivide_factor must be positive, got "
-                             f"{gradient_predivide_factor}")
-        self.compression = compression
+        policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
+                                 compression, stacklevel=stacklevel + 1)
+        self.op = policy.op
+        self.compression = policy.compression
         self.sparse_as_dense = bool(sparse_as_dense)
-        # the core divides by size() after the postscale for Average
-        self.prescale = 1.0 / gradient_predivide_factor
-        self.postscale = gradient_predivide_factor * float(extra_postscale)
-        self.groups = _check_groups(groups, num_groups)
+        self.prescale = policy.prescale
+        self.postscale = policy.postscale * float(extra_postscale)
+        self.policy = policy
         self.what = what
 
-    def _units(self, positions, variables):
-        """Lists of indices into ``positions``; lists of two or more are
-        reduced as grouped units."""
-        count = len(positions)
-        if self.groups is None:
-            return [[i] for i in range(count)]
-        if isinstance(self.groups, int):
-            return [list(chunk) for chunk in np.array_split(np.arange(count),
-                                                            min(self.groups, count)) if len(chunk)]
-        if variables is None:
+    def units(self, grads: Sequence[Any], variables: Sequence[Any] | None = None
+              ) -> list[list[int]]:
+        """Positions into ``grads`` of the gradients reduced together: the
+        gradients that are not None, grouped by the policy (dense and
+        ``tf.IndexedSlices`` alike, as Horovod splits them; the sparse
+        members of a unit are then gathered on their own)."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if self.policy.groups is None or isinstance(self.policy.groups, int):
+            keys = present
+        elif variables is None:
             raise ValueError(f"{self.what}: groups given as lists of variables need the "
                              f"variables; pass an int number of groups instead")
-        group_of = {id(v): g for g, group in enumerate(self.groups) for v in group}
-        units, by_group = [], {}
-        for i, position in enumerate(positions):
-            g = group_of.get(id(variables[position]))
-            if g is None:
-                units.append([i])
-            elif g in by_group:
-                by_group[g].append(i)
-            else:
-                by_group[g] = [i]
-                units.append(by_group[g])
-        return units
+        else:
+            keys = [id(variables[i]) for i in present]
+        return [[present[k] for k in unit] for unit in self.policy.units(keys)]
 
-    def __call__(self, grads, variables=None):
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None
+                 ) -> list[Any]:
         grads = list(grads)
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
@@ -112,7 +88,10 @@ class GradientReducer:
             tensors = [check_tensor(grads[i], f"{self.what} (gradient {i})") for i in dense]
             base = collective_name(None, "GradientAllreduce", tensors[0])
             compressed = [self.compression.compress(t) for t in tensors]
-            reduced = self._reduce([c for c, _ in compressed], base, self._units(dense, variables))
+            slot = {position: k for k, position in enumerate(dense)}
+            units = [[slot[i] for i in unit if i in slot]
+                     for unit in self.units(grads, variables)]
+            reduced = self._reduce([c for c, _ in compressed], base, [u for u in units if u])
             for i, value, (_, ctx) in zip(dense, reduced, compressed):
                 results[i] = self.compression.decompress(value, ctx)
         for i, g in enumerate(grads):
@@ -122,6 +101,9 @@ class GradientReducer:
         return results
 
     def _reduce(self, tensors, base, units):
+        """Reduces ``tensors`` in one graph node; ``units`` are lists of
+        indices into ``tensors``, lists of two or more reduced as grouped
+        units."""
         op, prescale, postscale = self.op, self.prescale, self.postscale
 
         def reduce(*arrays):

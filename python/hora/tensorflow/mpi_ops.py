@@ -16,15 +16,25 @@ the sum over ranks of each rank's loss, and run collectives themselves, so
 every rank must differentiate through them.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
 from hora.common import ops as _ops
+from hora.common._adapter.handles import wait_all
 from hora.common.arguments import check_process_set, check_root, check_splits, resolve_op
 from hora.common.basics import Average, ReduceOp, Sum, local_rank, local_size, rank, size
+from hora.common.compression import Compressor
 from hora.tensorflow._bridge import (
-    check_tensor, check_tensors, collective_name, gathered_shape, run, wait_all)
+    check_tensor, check_tensors, collective_name, gathered_shape, run)
 from hora.tensorflow.compression import Compression
+
+# a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
+TensorLike = Any
 
 # hora runs every collective over all ranks; Horovod code that passes
 # ``process_set=hvd.global_process_set`` keeps working.
@@ -77,9 +87,11 @@ def _allreduce_sparse(slices, op, prescale, postscale, name):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="",
-              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              name=None, process_set=None, ignore_name_scope=False):
+def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: type[Compressor] = Compression.none,
+              op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None, process_set: None = None,
+              ignore_name_scope: bool = False) -> tf.Tensor | tf.IndexedSlices:
     """Returns the reduction of ``tensor`` over all ranks.
 
     ``op`` is Average (the default), Sum, Min, Max or Product (``average``
@@ -103,9 +115,12 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     return compression.decompress(reduced, ctx)
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=None, name=None):
+def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: type[Compressor] = Compression.none,
+                      op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: None = None,
+                      name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """Allreduce of a list of tensors negotiated and fused as one unit;
     returns a list. Same arguments and errors as :func:`allreduce`."""
     check_process_set(process_set, "grouped_allreduce")
@@ -178,7 +193,8 @@ def _check_gatherable(tensor, what):
                          f"dimension (tf.reshape(x, [1]))")
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
+def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: None = None) -> tf.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
     order; the first dimension may differ between ranks, the others must
     not. Differentiable: the gradient is this rank's rows of the summed
@@ -189,7 +205,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     return _differentiable_allgather([tensor], [collective_name(name, "Allgather", tensor)])[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(tensors: Iterable[TensorLike], name: str | None = None,
+                      process_set: None = None) -> list[tf.Tensor]:
     """:func:`allgather` of each tensor of a list, submitted together; returns a list."""
     check_process_set(process_set, "grouped_allgather")
     tensors = check_tensors(tensors, "grouped_allgather")
@@ -209,7 +226,8 @@ def _broadcast_now(tensors, root_rank, names):
     return run(cast, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], names[0])
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
+def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False, process_set: None = None) -> tf.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank. Differentiable: the
     root gets the sum of every rank's gradient, the others zero."""
     check_process_set(process_set, "broadcast")
@@ -229,7 +247,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     return forward(tensor)
 
 
-def broadcast_variables(variables, root_rank, process_set=None, inplace=True):
+def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
+                        process_set: None = None, inplace: bool = True) -> tf.Operation | None:
     """Assigns ``root_rank``'s values to ``variables`` (a list of
     ``tf.Variable``) on every rank, in one submission. Returns ``None`` when
     eager and the grouped assign op inside ``tf.function``."""
@@ -246,7 +265,8 @@ def broadcast_variables(variables, root_rank, process_set=None, inplace=True):
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
-def broadcast_(variables, root_rank, name=None, process_set=None):
+def broadcast_(variables: Iterable[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: None = None) -> tf.Operation | None:
     """In-place broadcast of a list of variables (Horovod's spelling of
     :func:`broadcast_variables`)."""
     return broadcast_variables(variables, root_rank, process_set=process_set)
@@ -273,7 +293,9 @@ def _alltoall_now(x, splits, name):
     return run(exchange, inputs, [x.dtype, tf.int32], [gathered_shape(x.shape), [size()]], name)
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
+def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | None = None,
+             ignore_name_scope: bool = False,
+             process_set: None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r`` and
     returns ``(output, received_splits)``: the rows received from every rank
     in rank order, and how many came from each. Without ``splits`` the first
@@ -326,8 +348,9 @@ def _differentiable_reducescatter(tensors, names, op, prescale, postscale):
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
-def reducescatter(tensor, name=None, op=Average, ignore_name_scope=False, process_set=None,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: TensorLike, name: str | None = None, op: ReduceOp | int = Average,
+                  ignore_name_scope: bool = False, process_set: None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduces ``tensor`` over all ranks and returns this rank's block of
     rows (the first ``rows % size()`` ranks get one extra row).
     Differentiable for Sum and Average."""
@@ -340,8 +363,10 @@ def reducescatter(tensor, name=None, op=Average, ignore_name_scope=False, proces
                                          op, prescale, postscale)[0]
 
 
-def grouped_reducescatter(tensors, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(tensors: Iterable[TensorLike], name: str | None = None,
+                          op: ReduceOp | int = Average, process_set: None = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
     """:func:`reducescatter` of each tensor of a list, submitted together."""
     check_process_set(process_set, "grouped_reducescatter")
     op = resolve_op(None, op, "grouped_reducescatter")
@@ -362,14 +387,14 @@ def _scalar_op(fn, name):
     return run(lambda: [np.asarray(fn(), np.int32)], [], [tf.int32], [[]], name)[0]
 
 
-def join():
+def join() -> tf.Tensor:
     """Marks this rank as out of data; until every rank has joined it takes
     part in the others' allreduces with neutral values. Returns (as an int32
     tensor) the rank that joined last."""
     return _scalar_op(_ops.join, "HoraJoin")
 
 
-def barrier(process_set=None):
+def barrier(process_set: None = None) -> tf.Tensor:
     """Returns once every rank has reached the barrier (an int32 zero tensor)."""
     check_process_set(process_set, "barrier")
 
@@ -379,21 +404,21 @@ def barrier(process_set=None):
     return _scalar_op(wait, "HoraBarrier")
 
 
-def size_op(process_set_id=0, name=None):
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """The number of ranks, as an int32 tensor read when the op runs."""
     return _scalar_op(size, name or "HoraSize")
 
 
-def rank_op(name=None):
+def rank_op(name: str | None = None) -> tf.Tensor:
     """This process's rank, as an int32 tensor."""
     return _scalar_op(rank, name or "HoraRank")
 
 
-def local_size_op(name=None):
+def local_size_op(name: str | None = None) -> tf.Tensor:
     """The number of ranks on this host, as an int32 tensor."""
     return _scalar_op(local_size, name or "HoraLocalSize")
 
 
-def local_rank_op(name=None):
+def local_rank_op(name: str | None = None) -> tf.Tensor:
     """This process's rank on its host, as an int32 tensor."""
     return _scalar_op(local_rank, name or "HoraLocalRank")

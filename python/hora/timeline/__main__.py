@@ -23,7 +23,8 @@ def render(summary, top):
     lines.append(f"tensors by total time (top {min(top, len(ranked))} of {len(ranked)}, ms):")
     lines.append(f"  {'tensor':<40}{'runs':>6}" + "".join(f"{p:>12}" for p in PHASES))
     for name, row in ranked[:top]:
-        lines.append(f"  {name[:40]:<40}{row['runs']:>6}" + "".join(_ms(row[p]) + "  " for p in PHASES))
+        lines.append(f"  {name[:40]:<40}{row['runs']:>6}"
+                     + "".join(_ms(row[p]) + "  " for p in PHASES))
     lines.append("")
     if summary.rank_lag:
         lines.append("ranks slowest to become ready (negotiations through the coordinator):")

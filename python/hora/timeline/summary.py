@@ -72,7 +72,8 @@ def intervals(events):
     for e in events:
         phase, row = e.get("ph"), rows.get(e.get("pid"), str(e.get("pid")))
         if phase == "X":
-            spans.append(Interval(row, e["name"], e["ts"], e["ts"] + e.get("dur", 0), e.get("args", {})))
+            spans.append(Interval(row, e["name"], e["ts"], e["ts"] + e.get("dur", 0),
+                                  e.get("args", {})))
         elif phase == "B":
             open_spans[(row, e["name"])].append(e)
         elif phase == "E" and open_spans[(row, e["name"])]:

@@ -16,8 +16,8 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HorovodInternalError, HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError,
-    HoraTimeoutError)
+    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HoraTimeoutError,
+    HorovodInternalError)
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
@@ -45,5 +45,6 @@ __all__ = [
     "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
-    "shutdown", "size", "sparse_allreduce_async", "synchronize",
+    "shutdown", "size", "sparse_allreduce_async", "start_timeline", "stop_timeline",
+    "synchronize",
 ]

@@ -7,28 +7,31 @@ core's works plus a function that builds the result from them; the
 ``*_now`` shorthands wait for it.
 """
 
+from __future__ import annotations
+
 import math
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.utils.dlpack
 
-from hora._loader import _C
-from hora.common import call_site
+from hora.common import basics
+from hora.common._adapter import submission
+from hora.common._adapter.handles import Handle, OneHandle, synchronize
+from hora.common._adapter.naming import check_name
+from hora.common._adapter.submission import (
+    KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
 from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
     check_op, check_process_set, check_root, check_splits, resolve_op)
-from hora.common import ops as _ops
 from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
-
-synchronize = _ops.synchronize
-Handle = _ops.Handle
-KIND_ALLREDUCE = _ops._KIND_ALLREDUCE
-KIND_BROADCAST = _ops._KIND_BROADCAST
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
 # The core's code for each, for tensors handed over by pointer.
-_CORE_DTYPES = {d: _C.DTYPES[str(d).replace("torch.", "")] for d in SUPPORTED_DTYPES}
+_CORE_DTYPES = {d: submission.DTYPE_CODES[str(d).replace("torch.", "")]
+                for d in SUPPORTED_DTYPES}
 
 
 # --- argument checks ---------------------------------------------------------
@@ -56,11 +59,6 @@ def check_tensors(tensors, what):
     for i, tensor in enumerate(tensors):
         check_tensor(tensor, f"{what} (tensor {i})")
     return tensors
-
-
-def group_names(name, count, kind):
-    """Member names of a grouped collective (``name`` or an automatic one)."""
-    return _ops._group_names(name, count, kind)
 
 
 def splits_list(splits, what):
@@ -92,10 +90,10 @@ _gpu_built = None
 _staging_warned = False
 
 
-def _core_has_gpu():
+def _core_has_gpu() -> bool:
     global _gpu_built
     if _gpu_built is None:
-        _gpu_built = bool(_C.build_info()["cuda_built"])
+        _gpu_built = basics.cuda_built()
     return _gpu_built
 
 
@@ -118,7 +116,8 @@ class _StagedWork:
         return getattr(self._work, name)
 
 
-def _submit_staged(kind, names, inputs, outputs, args):
+def _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale, splits,
+                   grouped):
     global _staging_warned
     if not _staging_warned:
         _staging_warned = True
@@ -138,20 +137,21 @@ def _submit_staged(kind, names, inputs, outputs, args):
                 host_outputs.append(torch.empty_like(host_inputs[i]))
             if out.is_cuda:
                 copies[i].append((out, host_outputs[i]))
-    works = _C.submit(kind, names, host_inputs, host_outputs, *args)
+    works = submission.submit_tensors(kind, names, host_inputs, host_outputs, op, root, prescale,
+                                      postscale, splits, grouped)
     return [_StagedWork(w, c, x.device) for w, c, x in zip(works, copies, inputs)]
 
 
-def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, postscale=1.0,
-           splits=None, grouped=False):
+def submit(kind: int, names: Iterable[str], inputs: Iterable[torch.Tensor],
+           outputs: Iterable[torch.Tensor] | None = None, op: ReduceOp | int = Sum,
+           root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+           splits: list[int] | None = None, grouped: bool = False) -> list[Any]:
     """Hands tensors to the core. CUDA tensors go to NCCL ordered after the
     work queued on torch's current stream (and later work on that stream
     sees the results); without GPU support in the build they are staged
     through host memory."""
     names, inputs = list(names), list(inputs)
     outputs = None if outputs is None else list(outputs)
-    args = (int(op), int(root), float(prescale), float(postscale), splits, [], grouped,
-            call_site.describe())
     stream = -1  # host tensors
     on_gpu = [x.is_cuda for x in inputs]
     if any(on_gpu):
@@ -159,9 +159,11 @@ def submit(kind, names, inputs, outputs=None, op=Sum, root=0, prescale=1.0, post
             raise ValueError(f"{names[0]}: a grouped collective takes tensors on one kind of "
                              f"device; these mix CPU and CUDA tensors")
         if not _core_has_gpu():
-            return _submit_staged(kind, names, inputs, outputs, args)
+            return _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale,
+                                  splits, grouped)
         stream = torch.cuda.current_stream(inputs[0].device).cuda_stream
-    return _C.submit(kind, names, inputs, outputs, *args, stream)
+    return submission.submit_tensors(kind, names, inputs, outputs, op, root, prescale, postscale,
+                                     splits, grouped, stream)
 
 
 def owned_result(work, dtype):
@@ -209,10 +211,10 @@ def start_inplace_one(kind, tensor, name, op=Sum, root=0, prescale=1.0, postscal
     handed to the core by pointer, which costs a fraction of a DLPack
     export; anything else takes :func:`start_inplace`."""
     if tensor.is_cpu and tensor.is_contiguous() and tensor.numel():
-        work = _C.submit_one_host(kind, name, tensor, tensor.data_ptr(), tensor.shape,
-                                  _CORE_DTYPES[tensor.dtype], int(op), root, float(prescale),
-                                  float(postscale), call_site.describe())
-        return _ops._OneHandle(work, tensor)
+        work = submission.submit_one_host(kind, name, tensor, tensor.data_ptr(), tensor.shape,
+                                          _CORE_DTYPES[tensor.dtype], op, root, prescale,
+                                          postscale)
+        return OneHandle(work, tensor)
     works, finish = start_inplace(kind, [tensor], [name], op, root, prescale, postscale)
     return Handle(works, lambda ws: (finish(), tensor)[1])
 
@@ -227,21 +229,21 @@ def start_broadcast(tensor, root_rank, name):
 def start_allgather(tensors, names, grouped=False):
     inputs = [as_input(t) for t in tensors]
     dtypes = [x.dtype for x in inputs]
-    works = submit(_ops._KIND_ALLGATHER, names, inputs, grouped=grouped)
+    works = submit(KIND_ALLGATHER, names, inputs, grouped=grouped)
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
 def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False):
     inputs = [as_input(t) for t in tensors]
     dtypes = [x.dtype for x in inputs]
-    works = submit(_ops._KIND_REDUCESCATTER, names, inputs, op=op, prescale=prescale,
+    works = submit(KIND_REDUCESCATTER, names, inputs, op=op, prescale=prescale,
                    postscale=postscale, grouped=grouped)
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
 def start_alltoall(tensor, splits, name):
     x = as_input(tensor)
-    works = submit(_ops._KIND_ALLTOALL, [name], [x], splits=splits)
+    works = submit(KIND_ALLTOALL, [name], [x], splits=splits)
 
     def finish(ws):
         received = torch.tensor([int(s) for s in ws[0].received_splits], dtype=torch.int32)
@@ -249,8 +251,9 @@ def start_alltoall(tensor, splits, name):
     return works, finish
 
 
-def name_or_auto(name, kind):
-    return _ops._check_name(name, kind)
+def name_or_auto(name: str | None, kind: str) -> str:
+    """``name``, or the next automatic name of ``kind``."""
+    return check_name(name, kind)
 
 
 def grad_name(name, named, suffix):

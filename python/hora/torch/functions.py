@@ -1,17 +1,24 @@
 """Broadcasting model parameters, optimizer state and Python objects."""
 
+from __future__ import annotations
+
 import collections.abc
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
 from hora.common import ops as _ops
+from hora.common._adapter.handles import wait_all
 from hora.common.basics import rank
 from hora.torch import mpi_ops
 from hora.torch._collectives import check_process_set, check_root, check_tensor
 from hora.torch.optimizer import _local_step
 
 
-def broadcast_parameters(params, root_rank, process_set=None):
+def broadcast_parameters(params: Mapping[str, torch.Tensor]
+                         | Iterable[torch.Tensor | tuple[str, torch.Tensor]], root_rank: int,
+                         process_set: None = None) -> None:
     """Overwrites every rank's tensors with ``root_rank``'s, in place.
 
     ``params`` is a dict of name -> tensor (``model.state_dict()``; entries
@@ -43,19 +50,7 @@ def broadcast_parameters(params, root_rank, process_set=None):
     handles = [mpi_ops.broadcast_async_(tensor, root_rank,
                                         None if name is None else f"broadcast_parameters.{name}")
                for name, tensor in entries]
-    _wait_all(handles)
-
-
-def _wait_all(handles):
-    error = None
-    for handle in handles:
-        try:
-            mpi_ops.synchronize(handle)
-        except BaseException as caught:  # wait for the others before raising
-            if error is None:
-                error = caught
-    if error is not None:
-        raise error
+    wait_all(handles)
 
 
 def _options(group):
@@ -125,7 +120,8 @@ def _fit_state(optimizer, description):
                     state[key] = torch.zeros(shape, dtype=dtype, device=device)
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              process_set: None = None) -> None:
     """Makes every rank's optimizer state and hyper-parameters equal to
     ``root_rank``'s.
 
@@ -181,17 +177,18 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
                 if spec[0] == "tensor":
                     handles.append(mpi_ops.broadcast_async_(
                         state[key], root_rank, name=f"broadcast_optimizer_state.{i}.{j}.{key}"))
-    _wait_all(handles)
+    wait_all(handles)
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: None = None) -> Any:
     """Returns ``root_rank``'s picklable ``obj`` on every rank (the root gets
     its own object back). Raises ``ValueError`` for a process set."""
     check_process_set(process_set, "broadcast_object")
     return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name)
 
 
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj: Any, name: str | None = None, process_set: None = None) -> list[Any]:
     """Returns the list of every rank's picklable ``obj``, in rank order.
     Raises ``ValueError`` for a process set."""
     check_process_set(process_set, "allgather_object")

@@ -4,8 +4,9 @@ Every function here is collective: all ranks must call it, with matching
 names (unnamed calls are matched by call order). Tensors live on the CPU
 or on a CUDA GPU (through NCCL in a CUDA build, ordered against torch's
 current stream; copied through host memory otherwise); non-contiguous
-tensors are copied (the in-place variants copy the result back). Argument errors raise ``ValueError``/``TypeError`` at once;
-ranks that disagree about a collective (shape, dtype, op, ...) get
+tensors are copied (the in-place variants copy the result back). Argument
+errors raise ``ValueError``/``TypeError`` at once; ranks that disagree
+about a collective (shape, dtype, op, ...) get
 :class:`hora.HoraMismatchError` on every rank.
 
 The synchronous ``allreduce``, ``grouped_allreduce``, ``allgather``,
@@ -18,23 +19,27 @@ gradient on the root (zero elsewhere), and so on. Their backward passes are
 collectives too, so every rank must run backward through them.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
 import torch
 
-from hora.common import ops as _ops
-from hora.common.basics import Adasum, Average, Max, Min, Product, ReduceOp, Sum, size
+from hora.common import ops as _numpy_ops
+from hora.common._adapter.handles import Handle, poll, synchronize  # noqa: F401 (re-exported)
+from hora.common._adapter.naming import group_names
+# Horovod's torch.mpi_ops has the reduce ops too
+from hora.common.basics import (  # noqa: F401
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, size)
+from hora.common.compression import Compressor
 from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
     GroupedAllreduceFunction, ReducescatterFunction)
 from hora.torch._collectives import (
     KIND_ALLREDUCE, KIND_BROADCAST, check_op, check_process_set, check_root, check_tensor,
-    check_tensors, group_names, name_or_auto, resolve_op, splits_list, start_allgather,
-    start_allreduce, start_alltoall, start_broadcast, start_inplace, start_inplace_one,
-    start_reducescatter)
+    check_tensors, name_or_auto, resolve_op, splits_list, start_allgather, start_allreduce,
+    start_alltoall, start_broadcast, start_inplace, start_inplace_one, start_reducescatter)
 from hora.torch.compression import Compression
-
-poll = _ops.poll
-synchronize = _ops.synchronize
-Handle = _ops.Handle
 
 # hora runs every collective over all ranks. Code written against Horovod
 # that passes ``process_set=hvd.global_process_set`` keeps working.
@@ -43,14 +48,16 @@ global_process_set = None
 
 # --- allreduce ---------------------------------------------------------------
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None):
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: None = None) -> Handle:
     """Starts an allreduce of ``tensor`` and returns a handle for :func:`poll`
     / :func:`synchronize`; ``synchronize`` returns a new tensor with the
     reduction. ``op`` defaults to Average (``average`` is the deprecated
     spelling: True means Average, False Sum). Raises ``ValueError`` for a
-    tensor on a device other than CPU or CUDA, an unknown or unsupported op (Adasum) or a process set,
-    ``TypeError`` for an unsupported dtype. Not differentiable."""
+    tensor on a device other than CPU or CUDA, an unknown or unsupported op
+    (Adasum) or a process set, ``TypeError`` for an unsupported dtype. Not
+    differentiable."""
     check_process_set(process_set, "allreduce_async")
     op = resolve_op(average, op, "allreduce_async")
     check_tensor(tensor, "allreduce_async")
@@ -59,8 +66,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return Handle(works, lambda ws: outputs[0])
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none,
+              op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: None = None) -> torch.Tensor:
     """Returns a new tensor holding the reduction of ``tensor`` over all ranks.
 
     ``op`` is one of Sum, Average (the default), Min, Max, Product;
@@ -84,8 +93,9 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(reduced, ctx)
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=None):
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, process_set: None = None) -> Handle:
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``;
     ``synchronize`` returns ``tensor``. Same defaults and errors."""
     check_process_set(process_set, "allreduce_async_")
@@ -95,8 +105,9 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                              prescale_factor, postscale_factor)
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None):
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: None = None) -> torch.Tensor:
     """In-place :func:`allreduce` (not differentiable); returns ``tensor``."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
@@ -104,8 +115,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 # --- grouped allreduce ---------------------------------------------------------
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None):
+def grouped_allreduce_async(tensors: Iterable[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | int | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: None = None) -> Handle:
     """Starts an allreduce of a list of tensors negotiated and fused as one
     unit; ``synchronize`` returns a list of new tensors. Defaults and errors
     as :func:`allreduce_async`; not differentiable."""
@@ -117,8 +130,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     return Handle(works, lambda ws: outputs)
 
 
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def grouped_allreduce(tensors: Iterable[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: None = None) -> list[torch.Tensor]:
     """Allreduce of a list of tensors as one fused unit; returns a list of new
     tensors. Defaults, errors and gradients as :func:`allreduce`."""
     check_process_set(process_set, "grouped_allreduce")
@@ -134,8 +150,10 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outputs, compressed)]
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None):
+def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | int | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: None = None) -> Handle:
     """In-place :func:`grouped_allreduce_async`; ``synchronize`` returns the
     list of input tensors, now holding the results."""
     check_process_set(process_set, "grouped_allreduce_async_")
@@ -147,15 +165,18 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return Handle(works, lambda ws: (finish(), tensors)[1])
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None):
+def grouped_allreduce_(tensors: Iterable[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | int | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: None = None) -> list[torch.Tensor]:
     """In-place :func:`grouped_allreduce` (not differentiable); returns the
     list of tensors."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
+                           op: ReduceOp | int = Average, process_set: None = None) -> Handle:
     """Starts a reduction of a sparse COO ``tensor`` by gathering every rank's
     indices and values; ``synchronize`` returns a coalesced sparse tensor.
     ``op`` must be Average (default) or Sum, else ``ValueError``. All ranks
@@ -187,7 +208,8 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
 
 # --- allgather -----------------------------------------------------------------
 
-def allgather_async(tensor, name=None, process_set=None):
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: None = None) -> Handle:
     """Starts an allgather; ``synchronize`` returns the concatenation of every
     rank's ``tensor`` along the first dimension. Not differentiable."""
     check_process_set(process_set, "allgather_async")
@@ -196,7 +218,8 @@ def allgather_async(tensor, name=None, process_set=None):
     return Handle(works, lambda ws: finish(ws)[0])
 
 
-def allgather(tensor, name=None, process_set=None):
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: None = None) -> torch.Tensor:
     """Returns every rank's ``tensor`` concatenated along the first dimension,
     in rank order. The first dimension may differ between ranks; the others
     and the dtype must match (else :class:`hora.HoraMismatchError`). A 0-d
@@ -208,7 +231,8 @@ def allgather(tensor, name=None, process_set=None):
     return AllgatherFunction.apply(name_or_auto(name, "allgather"), named, False, tensor)[0]
 
 
-def grouped_allgather_async(tensors, name=None, process_set=None):
+def grouped_allgather_async(tensors: Iterable[torch.Tensor], name: str | None = None,
+                            process_set: None = None) -> Handle:
     """Starts an allgather of a list of tensors as one unit; ``synchronize``
     returns a list of gathered tensors. Not differentiable."""
     check_process_set(process_set, "grouped_allgather_async")
@@ -218,7 +242,8 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     return Handle(works, finish)
 
 
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(tensors: Iterable[torch.Tensor], name: str | None = None,
+                      process_set: None = None) -> list[torch.Tensor]:
     """:func:`allgather` of each tensor in a list, negotiated as one unit;
     returns a list. Differentiable like :func:`allgather`."""
     check_process_set(process_set, "grouped_allgather")
@@ -232,7 +257,8 @@ def grouped_allgather(tensors, name=None, process_set=None):
 
 # --- broadcast -----------------------------------------------------------------
 
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: None = None) -> Handle:
     """Starts a broadcast of ``root_rank``'s ``tensor``; ``synchronize``
     returns a new tensor with the root's values. Raises ``ValueError`` for a
     root out of range; not differentiable."""
@@ -242,7 +268,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
     return Handle(*start_broadcast(tensor, root_rank, name_or_auto(name, "broadcast")))
 
 
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: None = None) -> torch.Tensor:
     """Returns a new tensor holding ``root_rank``'s ``tensor`` on every rank
     (shapes and dtypes must match across ranks). Differentiable: the root's
     gradient is the sum of every rank's incoming gradient, the other ranks'
@@ -254,7 +281,8 @@ def broadcast(tensor, root_rank, name=None, process_set=None):
     return BroadcastFunction.apply(tensor, root_rank, name_or_auto(name, "broadcast"), named)
 
 
-def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: None = None) -> Handle:
     """In-place :func:`broadcast_async`; ``synchronize`` returns ``tensor``,
     overwritten with the root's values."""
     check_process_set(process_set, "broadcast_async_")
@@ -264,7 +292,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
                              root=root_rank)
 
 
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: None = None) -> torch.Tensor:
     """Overwrites ``tensor`` with ``root_rank``'s values and returns it (not
     differentiable)."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
@@ -272,7 +301,8 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 # --- alltoall ------------------------------------------------------------------
 
-def alltoall_async(tensor, splits=None, name=None, process_set=None):
+def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
+                   name: str | None = None, process_set: None = None) -> Handle:
     """Starts an alltoall; ``synchronize`` returns ``(output,
     received_splits)`` (see :func:`alltoall`). Not differentiable."""
     check_process_set(process_set, "alltoall_async")
@@ -282,7 +312,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     return Handle(works, finish)
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
+             name: str | None = None, process_set: None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r``; the
     output is the rows received from every rank, concatenated in rank order.
     Without ``splits`` the first dimension is divided evenly (``ValueError``
@@ -302,8 +334,9 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 # --- reducescatter -------------------------------------------------------------
 
-def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescale_factor=1.0,
-                        postscale_factor=1.0):
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
+                        op: ReduceOp | int = Average, process_set: None = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Starts a reducescatter; ``synchronize`` returns this rank's block of
     the reduction (see :func:`reducescatter`). Not differentiable."""
     check_process_set(process_set, "reducescatter_async")
@@ -314,8 +347,10 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=None, prescal
     return Handle(works, lambda ws: finish(ws)[0])
 
 
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] = Compression.none,
+                  op: ReduceOp | int = Average, process_set: None = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduces ``tensor`` over all ranks with ``op`` (Average by default) and
     returns this rank's block of rows; when the first dimension does not
     divide by ``size()`` the first ``rows % size()`` ranks get one extra row.
@@ -333,8 +368,10 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     return compression.decompress(out, ctx)
 
 
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None,
-                                prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter_async(tensors: Iterable[torch.Tensor], name: str | None = None,
+                                op: ReduceOp | int = Average, process_set: None = None,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
     """Starts a reducescatter of a list of tensors as one unit; ``synchronize``
     returns a list of blocks. Not differentiable."""
     check_process_set(process_set, "grouped_reducescatter_async")
@@ -346,8 +383,11 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=None
     return Handle(works, finish)
 
 
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          process_set=None, prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: Iterable[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] = Compression.none,
+                          op: ReduceOp | int = Average, process_set: None = None,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """:func:`reducescatter` of each tensor in a list, negotiated as one unit;
     returns a list. Defaults, errors and gradients as :func:`reducescatter`."""
     check_process_set(process_set, "grouped_reducescatter")
@@ -365,13 +405,13 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 # --- synchronization -------------------------------------------------------------
 
-def barrier(process_set=None):
+def barrier(process_set: None = None) -> None:
     """Returns once every rank has called ``barrier``."""
     check_process_set(process_set, "barrier")
-    _ops.barrier()
+    _numpy_ops.barrier()
 
 
-def join(device=-1):
+def join(device: int = -1) -> int:
     """Marks this rank as out of data and returns the rank that joined last,
     once every rank has joined. Meanwhile this rank takes part in the other
     ranks' allreduces with zeros (an Average is taken over the ranks that
@@ -381,4 +421,4 @@ def join(device=-1):
     a negative device other than -1."""
     if device is not None and int(device) < -1:
         raise ValueError(f"join(device={device}): device must be -1 (CPU) or a GPU index")
-    return _ops.join()
+    return _numpy_ops.join()

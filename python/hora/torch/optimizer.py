@@ -10,15 +10,23 @@ communication overlaps the rest of the backward pass; ``step()`` waits for
 all of them and then runs the wrapped optimizer's update.
 """
 
+from __future__ import annotations
+
 import contextlib
 import warnings
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
+from hora.common._adapter.handles import wait_all
 from hora.common.basics import ReduceOp
+from hora.common.compression import Compressor
+from hora.common.gradient_policy import (
+    GradientPolicy, check_backward_passes, gradient_policy, group_units)
 from hora.torch import mpi_ops
-from hora.torch._collectives import check_op, check_process_set
+from hora.torch._collectives import check_process_set
 from hora.torch.compression import Compression
 
 _UNNAMED = "allreduce.noname"
@@ -30,18 +38,13 @@ class _DistributedOptimizer:
 
     # --- set-up ------------------------------------------------------------
 
-    def _hora_setup(self, names, units, unit_names, compression, backward_passes_per_step, op,
-                    gradient_predivide_factor, sparse_as_dense):
-        self._hora_compression = compression
+    def _hora_setup(self, names, units, unit_names, policy: GradientPolicy,
+                    backward_passes_per_step, sparse_as_dense):
+        self._hora_compression = policy.compression
         self.backward_passes_per_step = backward_passes_per_step
-        self._hora_op = op
-        if op == ReduceOp.Average:
-            # the core divides by size() after the postscale; splitting the
-            # division lets users trade overflow against underflow
-            self._hora_prescale = 1.0 / gradient_predivide_factor
-            self._hora_postscale = gradient_predivide_factor
-        else:
-            self._hora_prescale = self._hora_postscale = 1.0
+        self._hora_op = policy.op
+        self._hora_prescale = policy.prescale
+        self._hora_postscale = policy.postscale
         self._hora_sparse_as_dense = bool(sparse_as_dense)
         self._hora_names = {}       # parameter -> collective name
         self._hora_units = []       # lists of parameters reduced together
@@ -122,9 +125,8 @@ class _DistributedOptimizer:
                 prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
         self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)))
 
-    def _hora_finish(self, entry):
-        kind, handle, members = entry
-        result = mpi_ops.synchronize(handle)
+    def _hora_finish(self, entry, result):
+        kind, _, members = entry
         with torch.no_grad():
             if kind == "sparse":
                 members[0].grad = result
@@ -139,7 +141,8 @@ class _DistributedOptimizer:
         """Changes how many backward passes are accumulated locally before the
         gradients are reduced (an int >= 1, else ``ValueError``). Call it
         between steps."""
-        self.backward_passes_per_step = _check_passes(passes)
+        self.backward_passes_per_step = check_backward_passes(
+            passes, "DistributedOptimizer.set_backward_passes_per_step")
         for p in self._hora_delay:
             self._hora_delay[p] = self.backward_passes_per_step
 
@@ -153,19 +156,16 @@ class _DistributedOptimizer:
         for index in range(len(self._hora_units)):
             if self._hora_pending.get(index) is None:
                 self._hora_start(index)
-        error = None
-        for index in range(len(self._hora_units)):
-            try:
-                self._hora_finish(self._hora_pending[index])
-            except BaseException as caught:  # wait for the rest before raising
-                if error is None:
-                    error = caught
-        self._hora_pending.clear()
-        self._hora_ready.clear()
-        for p in self._hora_delay:
-            self._hora_delay[p] = self.backward_passes_per_step
-        if error is not None:
-            raise error
+        entries = [self._hora_pending[index] for index in range(len(self._hora_units))]
+        try:
+            results = wait_all([handle for _, handle, _ in entries])
+        finally:
+            self._hora_pending.clear()
+            self._hora_ready.clear()
+            for p in self._hora_delay:
+                self._hora_delay[p] = self.backward_passes_per_step
+        for entry, result in zip(entries, results):
+            self._hora_finish(entry, result)
         self._hora_synchronized = True
 
     @contextlib.contextmanager
@@ -233,12 +233,6 @@ _DistributedOptimizer.step.hooked = True
 _CLASSES = {}
 
 
-def _check_passes(passes):
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
-    return passes
-
-
 def _parameter_names(optimizer, named_parameters):
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
@@ -272,51 +266,34 @@ def _parameter_names(optimizer, named_parameters):
     return {p: names[p] for p in params}
 
 
-def _split_units(params, groups):
-    """Lists of parameters reduced together, and each list's group name
-    (None for a parameter reduced on its own)."""
-    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
-                          and groups == 0):
+def _split_units(params, groups, what):
+    """Lists of parameters reduced together (as Horovod groups them, see
+    :mod:`hora.common.gradient_policy`), and each list's group name (None
+    for a parameter reduced on its own)."""
+    if groups is None:
         return [[p] for p in params], [None] * len(params)
-    if isinstance(groups, int) and not isinstance(groups, bool):
-        if groups < 0:
-            raise ValueError(f"groups must be a non-negative int or a list of lists of "
-                             f"parameters, got {groups}")
-        count = min(groups, len(params))
-        units, start = [], 0
-        for k in range(count):
-            length = len(params) // count + (1 if k < len(params) % count else 0)
-            units.append(params[start:start + length])
-            start += length
-        return units, [f"DistributedOptimizer.group.{k}" for k in range(len(units))]
-    if not isinstance(groups, (list, tuple)):
-        raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, "
-                         f"got {type(groups).__name__}")
-    position = {p: i for i, p in enumerate(params)}
-    units, names, grouped = [], [], set()
-    for k, group in enumerate(groups):
-        members = list(group)
-        for p in members:
-            if not isinstance(p, torch.Tensor) or p not in position:
-                raise ValueError(f"groups[{k}] holds something that is not a parameter of the "
-                                 f"optimizer (one that requires grad)")
-            if p in grouped:
-                raise ValueError(f"groups[{k}]: a parameter appears in more than one group")
-            grouped.add(p)
-        if members:
-            units.append(sorted(members, key=position.get))
-            names.append(f"DistributedOptimizer.group.{k}")
-    for p in params:
-        if p not in grouped:
-            units.append([p])
-            names.append(None)
-    return units, names
+    if not isinstance(groups, int):
+        position = {id(p) for p in params}
+        for k, group in enumerate(groups):
+            if any(not isinstance(p, torch.Tensor) or id(p) not in position for p in group):
+                raise ValueError(f"{what}: groups[{k}] holds something that is not a parameter "
+                                 f"of the optimizer (one that requires grad)")
+    units = group_units([id(p) for p in params], groups)
+    # every unit of an int split is a group; of lists, the listed ones only
+    grouped = len(units) if isinstance(groups, int) else sum(1 for g in groups if g)
+    names = [f"DistributedOptimizer.group.{k}" if k < grouped else None
+             for k in range(len(units))]
+    return [[params[i] for i in unit] for unit in units], names
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=ReduceOp.Average,
-                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=None):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: ReduceOp | int = ReduceOp.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | list[list[torch.Tensor]] | None = None,
+                         sparse_as_dense: bool = False,
+                         process_set: None = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -346,9 +323,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             ``groups`` is None. It sits before ``groups`` so that positional
             arguments line up with Horovod's signature.
         groups: None or 0 (each gradient reduced separately), an int ``k``
-            (parameters split into ``k`` groups reduced as fused units), or a
-            list of lists of parameters (each list one unit; parameters not
-            listed are reduced separately).
+            (the parameters, in the optimizer's order, split as Horovod does
+            into ``k`` contiguous blocks reduced as fused units, the first
+            ``len % k`` one parameter longer), or a list of lists of
+            parameters (each list one unit; parameters not listed are
+            reduced separately).
         sparse_as_dense: reduce sparse gradients as dense tensors (default
             False: they are reduced by gathering indices and values).
         process_set: must be None (hora has no process sets).
@@ -361,33 +340,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     1.0 with Sum or not positive, bad ``groups`` or
     ``backward_passes_per_step``, or an optimizer that is already wrapped.
     """
-    check_process_set(process_set, "DistributedOptimizer")
-    if num_groups != 0:
-        warnings.warn("DistributedOptimizer: num_groups is deprecated (as in Horovod); pass "
-                      "groups instead", DeprecationWarning, stacklevel=2)
-        if groups is None:
-            groups = num_groups
+    what = "DistributedOptimizer"
+    check_process_set(process_set, what)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("this optimizer is already a hora DistributedOptimizer")
-    if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-        raise TypeError("compression must be Compression.none, Compression.fp16, "
-                        "Compression.bf16 or another class with compress/decompress")
-    passes = _check_passes(backward_passes_per_step)
-    op = check_op(op)
-    if op == ReduceOp.Adasum:
-        raise ValueError("DistributedOptimizer: op=Adasum is not supported by hora; use Average "
-                         "or Sum")
-    if op not in (ReduceOp.Average, ReduceOp.Sum):
-        raise ValueError(f"DistributedOptimizer: gradients are combined with Average or Sum, "
-                         f"not {op.name}")
-    factor = float(gradient_predivide_factor)
-    if factor != 1.0 and op != ReduceOp.Average:
-        raise ValueError("gradient_predivide_factor is only supported with op=Average")
-    if not factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be positive, got {factor}")
+    policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
+                             compression, stacklevel=2)
+    passes = check_backward_passes(backward_passes_per_step, what)
     names = _parameter_names(optimizer, named_parameters)
     for p in names:
         if p.requires_grad and not p.is_leaf:
@@ -402,7 +364,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             if p.requires_grad and p not in seen:
                 seen.add(p)
                 params.append(p)
-    units, unit_names = _split_units(params, groups)
+    units, unit_names = _split_units(params, policy.groups, what)
 
     base = type(optimizer)
     cls = _CLASSES.get(base)
@@ -412,12 +374,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         _CLASSES[base] = cls
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hora_setup(names, units, unit_names, compression, passes, op, factor,
-                        sparse_as_dense)
+    wrapped._hora_setup(names, units, unit_names, policy, passes, sparse_as_dense)
     return wrapped
 
 
-def _local_step(optimizer):
+def _local_step(optimizer: torch.optim.Optimizer) -> Any:
     """Runs the wrapped optimizer's own update, without any reduction."""
     if isinstance(optimizer, _DistributedOptimizer):
         return super(_DistributedOptimizer, optimizer).step()

@@ -1,5 +1,7 @@
 """Batch normalization with statistics over the batches of all ranks."""
 
+from __future__ import annotations
+
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -99,13 +101,16 @@ class SyncBatchNorm(_BatchNorm):
     Arguments and defaults are BatchNorm's: ``num_features``, ``eps=1e-5``,
     ``momentum=0.1`` (None: cumulative average), ``affine=True``,
     ``track_running_stats=True``. Takes input of shape ``(N, C, ...)``;
-    fewer than 2 dimensions raise ``ValueError``, as do input on a device other than CPU or CUDA and
-    a global batch with a single value per channel in training. Training-mode
-    forward and backward are collectives: every rank must run them.
+    fewer than 2 dimensions raise ``ValueError``, as do input on a device
+    other than CPU or CUDA and a global batch with a single value per
+    channel in training. Training-mode forward and backward are collectives:
+    every rank must run them.
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None):
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
 
@@ -114,7 +119,7 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError(f"SyncBatchNorm: expected an input with at least 2 dimensions "
                              f"(N, C, ...), got {input.dim()}")
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Normalizes ``input`` (see the class docstring)."""
         self._check_input_dim(input)
         if input.device.type not in ("cpu", "cuda"):
@@ -135,7 +140,7 @@ class SyncBatchNorm(_BatchNorm):
             self.running_var if update else None, self.eps, factor)
 
     @classmethod
-    def convert_sync_batchnorm(cls, module):
+    def convert_sync_batchnorm(cls, module: torch.nn.Module) -> torch.nn.Module:
         """Returns ``module`` with every ``torch.nn.BatchNorm*d`` inside it (or
         itself) replaced by a :class:`SyncBatchNorm` holding the same
         parameters and running statistics."""

@@ -5,8 +5,8 @@ Put :class:`BroadcastGlobalVariablesCallback` first and
 (checkpointing, early stopping, LR plateaus), so those see global values.
 """
 
-import numpy as np
 import keras
+import numpy as np
 
 from hora.common import ops as _ops
 from hora.common.arguments import check_root

@@ -9,14 +9,21 @@ averaged over all ranks right before clipping and the update, so
 the allreduce runs only on the steps that update. A ``LossScaleOptimizer``
 is reduced before its finiteness check, so every rank takes the same
 decision; under the ``mixed_float16`` policy a plain optimizer is wrapped in
-one here, before ``compile`` would wrap it the other way round. The subclass keeps the wrapped class's name and module, so a
-model saved with it loads in plain Keras as the original optimizer, and
+one here, before ``compile`` would wrap it the other way round. The
+subclass keeps the wrapped class's name and module, so a model saved with
+it loads in plain Keras as the original optimizer, and
 :func:`hora.tensorflow.keras.load_model` wraps it again.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 
-from hora.common.basics import Average
+from hora.common.basics import Average, ReduceOp
+from hora.common.compression import Compressor
+from hora.common.gradient_policy import check_backward_passes, resolve_groups
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
@@ -58,7 +65,8 @@ class _DistributedLossScaleOptimizer:
         return super().apply(self._hora_reducer(list(grads)), trainable_variables)
 
 
-def distributed_class(cls, settings):
+def distributed_class(cls: type[keras.optimizers.Optimizer],
+                      settings: dict[str, Any]) -> type[keras.optimizers.Optimizer]:
     """A subclass of the Keras optimizer class ``cls`` that reduces its
     gradients with ``settings`` (keyword arguments of GradientReducer)."""
     if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
@@ -79,11 +87,14 @@ def distributed_class(cls, settings):
         "_hora_settings": dict(settings)})
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False,
-                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: ReduceOp | int = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: int | None = None, process_set: None = None,
+                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """Returns a Keras optimizer that averages gradients over all ranks.
 
     ``compression`` casts for the wire (``Compression.fp16``);
@@ -92,7 +103,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``gradient_predivide_factor`` divides before the sum and the rest after;
     ``backward_passes_per_step=N`` accumulates N batches locally and reduces
     once per update, summing them unless ``average_aggregated_gradients``;
-    ``groups`` (an int) splits the gradients into that many fused units.
+    ``groups`` (an int; ``num_groups`` is its deprecated spelling) splits
+    the gradients, in order, into that many contiguous fused units, as
+    Horovod does.
     ``name`` renames the optimizer; ``device_*``, ``process_set`` (other than
     the global set) and ``scale_local_gradients`` are accepted for Horovod
     compatibility. Raises ``TypeError`` for a non-Keras-3 optimizer and
@@ -100,14 +113,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
                         f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
-    steps = int(backward_passes_per_step)
-    if steps < 1:
-        raise ValueError(f"backward_passes_per_step must be at least 1, got "
-                         f"{backward_passes_per_step}")
+    what = "DistributedOptimizer"
+    steps = check_backward_passes(backward_passes_per_step, what)
+    # resolved here, so that the num_groups warning is given once, not again
+    # by every optimizer built from the settings
+    groups = resolve_groups(groups, num_groups, what, stacklevel=2)
     if groups is not None and not isinstance(groups, int):
-        raise ValueError("DistributedOptimizer: groups must be an int number of groups for Keras "
-                         "optimizers (lists of variables are supported by "
-                         "DistributedGradientTape)")
+        raise ValueError(f"{what}: groups must be an int number of groups for Keras optimizers "
+                         f"(lists of variables are supported by DistributedGradientTape)")
     if (not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
             and keras.mixed_precision.global_policy().name == "mixed_float16"):
         # compile() would wrap the optimizer in a LossScaleOptimizer, whose
@@ -132,7 +145,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             extra_postscale = float(steps)  # Keras averages the accumulated passes
     settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                    num_groups=num_groups, process_set=process_set,
-                    extra_postscale=extra_postscale)
-    GradientReducer(**settings)  # raises for bad settings before anything is built
+                    process_set=process_set, extra_postscale=extra_postscale)
+    GradientReducer(what=what, **settings)  # raises for bad settings before anything is built
     return distributed_class(type(optimizer), settings).from_config(config)

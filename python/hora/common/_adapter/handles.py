@@ -1,0 +1,103 @@
+"""Handles on collectives in flight, shared by the NumPy face and every
+adapter, and :func:`wait_all` for waiting on several of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable
+
+
+class Handle:
+    """A collective in flight. Pass it to :func:`poll` or :func:`synchronize`."""
+
+    __slots__ = ("_works", "_finish", "_result", "_error", "_done")
+
+    def __init__(self, works: Sequence[Any], finish: Callable[[Sequence[Any]], Any]) -> None:
+        self._works = works
+        self._finish = finish
+        self._done = False
+        self._result = None
+        self._error: BaseException | None = None
+
+    def _wait(self) -> Any:
+        if not self._done:
+            try:
+                for work in self._works:
+                    work.wait()
+                self._result = self._finish(self._works)
+            except BaseException as error:
+                self._error = error
+                raise
+            finally:
+                for work in self._works:
+                    work.release()
+                self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _poll(self) -> bool:
+        return self._done or all(work.poll() for work in self._works)
+
+
+class OneHandle(Handle):
+    """A handle on one core Work whose result object is known when it is
+    submitted (an in-place collective, or one into a caller's output): the
+    per-gradient path, without a list or a finishing closure. ``_works``
+    holds that one Work itself."""
+
+    __slots__ = ()
+
+    def __init__(self, work: Any, result: Any) -> None:
+        self._works = work
+        self._finish = None
+        self._result = result
+        self._done = False
+        self._error = None
+
+    def _wait(self) -> Any:
+        if not self._done:
+            try:
+                self._works.wait_release()  # gives up the GIL while it waits
+            except BaseException as error:
+                self._error = error
+                raise
+            finally:
+                # only now: another thread polling meanwhile must not see
+                # the result as ready while the engine still writes it
+                self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _poll(self) -> bool:
+        return self._done or self._works.poll()
+
+
+def poll(handle: Handle) -> bool:
+    """True once the collective behind ``handle`` has finished (never blocks)."""
+    return handle._poll()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Waits for ``handle`` and returns its result; raises the collective's error."""
+    return handle._wait()
+
+
+def wait_all(handles: Iterable[Handle]) -> list[Any]:
+    """The results of every handle, in order. When one fails, the others
+    are still waited for before its error is raised (the first one, if
+    several fail): the engine may otherwise still be writing into tensors
+    the caller is about to reuse or free."""
+    results: list[Any] = []
+    first_error: BaseException | None = None
+    for handle in handles:
+        try:
+            results.append(handle._wait())
+        except BaseException as error:  # raised once all are done
+            results.append(None)
+            if first_error is None:
+                first_error = error
+    if first_error is not None:
+        raise first_error
+    return results

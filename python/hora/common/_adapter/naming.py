@@ -1,0 +1,37 @@
+"""How collectives are named. Ranks match a collective by its name, so a
+user-given name is used as it is and an unnamed collective gets the next
+name of its kind's counter: the same on every rank as long as every rank
+makes its unnamed calls in the same order, as in Horovod."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+
+_counter_lock = threading.Lock()
+_counters: dict[str, Iterator[int]] = {}
+
+
+def auto_name(kind: str) -> str:
+    """The next automatic name for an unnamed collective of ``kind``."""
+    with _counter_lock:
+        counter = _counters.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"
+
+
+def check_name(name: str | None, kind: str) -> str:
+    """``name``, or an automatic one when it is None; ``TypeError`` for a
+    name that is not a str."""
+    if name is None:
+        return auto_name(kind)
+    if not isinstance(name, str):
+        raise TypeError(f"{kind}: name must be a str, got {type(name).__name__}")
+    return name
+
+
+def group_names(name: str | None, count: int, kind: str) -> list[str]:
+    """Names of the ``count`` members of a grouped collective: one base
+    name (``name`` or an automatic one) with the member's index appended."""
+    base = check_name(name, kind)
+    return [f"{base}.{i}" for i in range(count)]
