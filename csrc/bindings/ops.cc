@@ -22,6 +22,25 @@ namespace py = pybind11;
 namespace hora {
 namespace {
 
+// How a submission runs; Python keeps one per setting and reuses it, so the
+// per-tensor path converts no arguments it does not need.
+struct CollectiveOptions {
+  int op = static_cast<int>(ReduceOp::kSum);
+  int root = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::optional<std::vector<int64_t>> splits;  // alltoall; None: equal shares
+  // Per tensor: a dtype code that reinterprets the elements (NumPy has no
+  // bfloat16), or empty.
+  std::vector<int> dtypes;
+  bool grouped = false;
+  bool in_place = false;
+  // Where the caller submitted it, recorded at debug log level.
+  std::string site;
+  // The caller's CUDA stream; -1: the caller cannot say (host memory only).
+  int64_t stream = -1;
+};
+
 // A submitted collective as Python sees it. It owns the views of the
 // caller's arrays, so their memory cannot go away while the engine uses it.
 struct PyWork {
@@ -97,10 +116,6 @@ py::object ExportDevice(std::shared_ptr<DeviceBuffer> buffer, DataType dtype,
   return py::reinterpret_steal<py::object>(capsule);
 }
 
-void ThrowIfFailed(const Status& status) {
-  if (!status.ok()) ThrowStatus(status);
-}
-
 // Views the caller's arrays for `w` and fills in the request's dtype and
 // shape. `output` is None for an in-place collective or an owned result.
 void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, bool in_place,
@@ -115,19 +130,31 @@ void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, b
   w->dtype = r->dtype;
 }
 
+void ThrowIfFailed(const Status& status) {
+  if (!status.ok()) ThrowStatus(status);
+}
+
 // Checks the request and makes the engine's entry for it, linked to `w`.
 // `stream` is the caller's CUDA stream for GPU tensors; -1 means the caller
 // (hora's framework-neutral functions) cannot say which stream produced the
 // data, so GPU memory is refused rather than read out of order.
-TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t stream) {
+TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t stream,
+                      const std::optional<std::vector<int64_t>>& splits) {
   const TensorView& in = w->input->view();
+  if (r.kind == CollectiveKind::kAlltoall) {
+    if (splits) {
+      r.splits = *splits;
+    } else {
+      ThrowIfFailed(EqualSplits(r, in, size, &r.splits));
+    }
+  }
   ThrowIfFailed(CheckRequest(r, in, w->output ? &w->output->view() : nullptr, size));
   TensorEntry entry;
   if (in.device >= 0) {
     if (stream < 0) {
-      ThrowValueError(DescribeRequest(r) + ": the tensor is in GPU memory, but this function takes host "
-                      "memory (it cannot know which CUDA stream produces the data); use a "
-                      "framework adapter such as hora.torch for GPU tensors");
+      ThrowValueError(DescribeRequest(r) + ": the tensor is in GPU memory, but this function "
+                      "takes host memory (it cannot know which CUDA stream produces the data); "
+                      "use a framework adapter such as hora.torch for GPU tensors");
     }
     // The engine's work on this tensor starts after what the caller has
     // queued on its stream so far (the kernels producing it).
@@ -143,50 +170,56 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
   return entry;
 }
 
-py::list Submit(int kind, const std::vector<std::string>& names,
-                                            py::list inputs, py::object outputs, int op, int root,
-                                            double prescale, double postscale, py::object splits,
-                                            const std::vector<int>& dtypes, bool grouped,
-                                            const std::string& site, int64_t stream) {
-  std::shared_ptr<Engine> engine = CurrentEngine();
-  const int size = engine->topology().size;
-  if (static_cast<size_t>(py::len(inputs)) != names.size() ||
-      (!dtypes.empty() && dtypes.size() != names.size())) {
-    ThrowValueError("internal: names, tensors and dtypes differ in length");
+// A submission's request, before its tensor is attached.
+Request NewRequest(int kind, std::string name, const CollectiveOptions& o) {
+  if (kind < 0 || kind > static_cast<int>(CollectiveKind::kBarrier)) {
+    ThrowValueError("internal: unknown collective kind " + std::to_string(kind));
+  }
+  Request r;
+  r.name = std::move(name);
+  r.kind = static_cast<CollectiveKind>(kind);
+  r.op = static_cast<ReduceOp>(o.op);
+  r.root = o.root;
+  r.prescale = o.prescale;
+  r.postscale = o.postscale;
+  r.site = o.site;
+  return r;
+}
+
+// Queues `w`'s collective and hands `w` to Python as its Work.
+py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry entry) {
+  ThrowIfFailed(engine.EnqueueOne(std::move(entry)));
+  w->enqueued = true;
+  return py::cast(std::move(w));
+}
+
+// A list of tensors (a grouped collective when options.grouped): one Work each.
+py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
+                    const CollectiveOptions& o, py::handle outputs) {
+  const int size = engine.topology().size;
+  const std::vector<std::string> name_list = names.cast<std::vector<std::string>>();
+  const size_t count = name_list.size();
+  if (static_cast<size_t>(py::len(inputs)) != count || (!o.dtypes.empty() && o.dtypes.size() != count) ||
+      (!outputs.is_none() && static_cast<size_t>(py::len(outputs)) != count)) {
+    ThrowValueError("internal: names, tensors, outputs and dtypes differ in length");
   }
   std::vector<std::unique_ptr<PyWork>> works;
   std::vector<TensorEntry> entries;
-  const std::string group = grouped && !names.empty() ? "group:" + names[0] : std::string();
-  for (size_t i = 0; i < names.size(); ++i) {
-    Request r;
-    r.name = names[i];
-    r.kind = static_cast<CollectiveKind>(kind);
-    r.op = static_cast<ReduceOp>(op);
-    r.root = root;
-    r.prescale = prescale;
-    r.postscale = postscale;
+  const std::string group = o.grouped && count > 0 ? "group:" + name_list[0] : std::string();
+  const py::list output_list = outputs.is_none() ? py::list() : outputs.cast<py::list>();
+  for (size_t i = 0; i < count; ++i) {
+    Request r = NewRequest(kind, name_list[i], o);
     r.group = group;
-    r.group_size = grouped ? static_cast<int32_t>(names.size()) : 0;
-    r.site = site;
+    r.group_size = o.grouped ? static_cast<int32_t>(count) : 0;
     auto w = std::make_unique<PyWork>();
-    const bool in_place = !outputs.is_none() && outputs.cast<py::list>()[i].is(inputs[i]);
+    const bool in_place = o.in_place || (!outputs.is_none() && output_list[i].is(inputs[i]));
     AttachTensors(w.get(), &r, inputs[i],
-                  outputs.is_none() || in_place ? py::none() : py::object(outputs.cast<py::list>()[i]),
-                  in_place, dtypes.empty() ? -1 : dtypes[i]);
-    const TensorView& in = w->input->view();
-    if (r.kind == CollectiveKind::kAlltoall) {
-      if (splits.is_none()) {
-        ThrowIfFailed(EqualSplits(r, in, size, &r.splits));
-      } else {
-        r.splits = splits.cast<std::vector<int64_t>>();
-      }
-    }
-    TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, stream);
-    entries.push_back(std::move(entry));
+                  outputs.is_none() || in_place ? py::none() : py::object(output_list[i]),
+                  in_place, o.dtypes.empty() ? -1 : o.dtypes[i]);
+    entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits));
     works.push_back(std::move(w));
   }
-  Status status = engine->Enqueue(std::move(entries));
-  if (!status.ok()) ThrowStatus(status);
+  ThrowIfFailed(engine.Enqueue(std::move(entries)));
   py::list result;
   for (auto& w : works) {
     w->enqueued = true;
@@ -195,64 +228,52 @@ py::list Submit(int kind, const std::vector<std::string>& names,
   return result;
 }
 
-// The request of a one-tensor submission, before its tensor is attached.
-Request OneRequest(int kind, const std::string& name, int op, int root, double prescale,
-                   double postscale, const std::string& site) {
-  Request r;
-  r.name = name;
-  r.kind = static_cast<CollectiveKind>(kind);
-  r.op = static_cast<ReduceOp>(op);
-  r.root = root;
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.site = site;
-  return r;
-}
-
-// Queues `w`'s collective and hands `w` to Python as its Work.
-py::object EnqueueOne(const std::shared_ptr<Engine>& engine, std::unique_ptr<PyWork> w, Request r,
-                      bool in_place, int64_t stream) {
-  Status status =
-      engine->EnqueueOne(MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, stream));
-  if (!status.ok()) ThrowStatus(status);
-  w->enqueued = true;
-  return py::cast(std::move(w));
-}
-
-// One tensor, in place or into an owned result: the common case of the
-// framework adapters, without the list conversions of Submit.
-py::object SubmitOne(int kind, const std::string& name, py::handle tensor, bool in_place, int op,
-                     double prescale, double postscale, int dtype, const std::string& site,
-                     int64_t stream) {
-  std::shared_ptr<Engine> engine = CurrentEngine();
-  Request r = OneRequest(kind, name, op, 0, prescale, postscale, site);
-  if (r.kind == CollectiveKind::kAlltoall || r.kind == CollectiveKind::kBroadcast) {
-    ThrowValueError("internal: submit_one takes allreduce, allgather and reducescatter only");
-  }
-  auto w = std::make_unique<PyWork>();
-  AttachTensors(w.get(), &r, tensor, py::none(), in_place, dtype);
-  return EnqueueOne(engine, std::move(w), std::move(r), in_place, stream);
-}
-
-// SubmitOne for contiguous host memory described by the caller (see the
-// raw TensorArg): an in-place allreduce or broadcast of a torch CPU tensor,
-// the per-gradient path of hora.torch.
-py::object SubmitOneHost(int kind, const std::string& name, py::handle owner, uintptr_t data,
-                         std::vector<int64_t> shape, int dtype, int op, int root, double prescale,
-                         double postscale, const std::string& site) {
-  std::shared_ptr<Engine> engine = CurrentEngine();
-  Request r = OneRequest(kind, name, op, root, prescale, postscale, site);
+// Contiguous host memory the caller describes as (owner, data_ptr, shape,
+// dtype code): an in-place allreduce or broadcast of a torch CPU tensor,
+// the per-gradient path of hora.torch, without a DLPack export.
+py::object SubmitHost(Engine& engine, int kind, py::tuple described, py::handle name,
+                      const CollectiveOptions& o) {
+  Request r = NewRequest(kind, name.cast<std::string>(), o);
   if (r.kind != CollectiveKind::kAllreduce && r.kind != CollectiveKind::kBroadcast) {
-    ThrowValueError("internal: submit_one_host takes in-place allreduce and broadcast only");
+    ThrowValueError("internal: described host memory takes in-place allreduce and broadcast only");
   }
-  if (dtype < 0 || dtype >= kNumDataTypes) {
-    ThrowValueError("internal: submit_one_host got dtype code " + std::to_string(dtype));
+  if (py::len(described) != 4) {
+    ThrowValueError("internal: described host memory is (owner, data_ptr, shape, dtype)");
+  }
+  const int dtype = described[3].cast<int>();
+  if (!IsValidDataType(dtype)) {
+    ThrowValueError("internal: described host memory has dtype code " + std::to_string(dtype));
   }
   auto w = std::make_unique<PyWork>();
-  w->input.emplace(owner, data, std::move(shape), static_cast<DataType>(dtype));
+  w->input.emplace(described[0], described[1].cast<uintptr_t>(),
+                   described[2].cast<std::vector<int64_t>>(), static_cast<DataType>(dtype));
   r.dtype = w->dtype = w->input->view().dtype;
   r.shape = w->input->view().shape;
-  return EnqueueOne(engine, std::move(w), std::move(r), true, -1);
+  TensorEntry entry = MakeEntry(w.get(), std::move(r), true, engine.topology().size, -1, o.splits);
+  return EnqueueOne(engine, std::move(w), std::move(entry));
+}
+
+// The one way in: `tensors` is a list (one Work per tensor, `names` a
+// list), a (owner, data_ptr, shape, dtype) tuple describing host memory,
+// or one tensor (`names` a str); `outputs` matches `tensors` or is None
+// (in place when options.in_place, else a result the core allocates).
+py::object Submit(int kind, py::handle tensors, py::handle names, const CollectiveOptions& o,
+                  py::handle outputs) {
+  std::shared_ptr<Engine> engine = CurrentEngine();
+  if (PyList_Check(tensors.ptr())) {
+    return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs);
+  }
+  if (PyTuple_Check(tensors.ptr())) {
+    return SubmitHost(*engine, kind, py::reinterpret_borrow<py::tuple>(tensors), names, o);
+  }
+  Request r = NewRequest(kind, names.cast<std::string>(), o);
+  const bool in_place = o.in_place || outputs.is(tensors);
+  auto w = std::make_unique<PyWork>();
+  AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
+                o.dtypes.empty() ? -1 : o.dtypes[0]);
+  TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, engine->topology().size,
+                                o.stream, o.splits);
+  return EnqueueOne(*engine, std::move(w), std::move(entry));
 }
 
 // Gives up the GIL only when the collective is still running: most waits
@@ -302,17 +323,20 @@ void RegisterOps(py::module_& m) {
              w.output.reset();
            });
 
-  m.def("submit", &Submit, py::arg("kind"), py::arg("names"), py::arg("inputs"),
-        py::arg("outputs") = py::none(), py::arg("op") = 1, py::arg("root") = 0,
-        py::arg("prescale") = 1.0, py::arg("postscale") = 1.0, py::arg("splits") = py::none(),
-        py::arg("dtypes") = std::vector<int>(), py::arg("grouped") = false,
-        py::arg("site") = std::string(), py::arg("stream") = -1);
-  m.def("submit_one", &SubmitOne, py::arg("kind"), py::arg("name"), py::arg("tensor"),
-        py::arg("in_place"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
-        py::arg("dtype"), py::arg("site"), py::arg("stream") = -1);
-  m.def("submit_one_host", &SubmitOneHost, py::arg("kind"), py::arg("name"), py::arg("owner"),
-        py::arg("data"), py::arg("shape"), py::arg("dtype"), py::arg("op"), py::arg("root"),
-        py::arg("prescale"), py::arg("postscale"), py::arg("site"));
+  py::class_<CollectiveOptions>(m, "CollectiveOptions")
+      .def(py::init<>())
+      .def_readwrite("op", &CollectiveOptions::op)
+      .def_readwrite("root", &CollectiveOptions::root)
+      .def_readwrite("prescale", &CollectiveOptions::prescale)
+      .def_readwrite("postscale", &CollectiveOptions::postscale)
+      .def_readwrite("splits", &CollectiveOptions::splits)
+      .def_readwrite("dtypes", &CollectiveOptions::dtypes)
+      .def_readwrite("grouped", &CollectiveOptions::grouped)
+      .def_readwrite("in_place", &CollectiveOptions::in_place)
+      .def_readwrite("site", &CollectiveOptions::site)
+      .def_readwrite("stream", &CollectiveOptions::stream);
+  m.def("submit", &Submit, py::arg("kind"), py::arg("tensors"), py::arg("names"),
+        py::arg("options"), py::arg("outputs") = py::none());
   // Whether submissions should say where they come from (debug log level).
   m.def("records_call_sites",
         [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });

@@ -13,14 +13,15 @@ from hora.common import call_site
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operations. The values match Horovod's."""
+    """Reduction operations. The values match Horovod's (the core defines
+    them; ``_C.REDUCE_OPS``)."""
 
-    Average = 0
-    Sum = 1
-    Adasum = 2
-    Min = 3
-    Max = 4
-    Product = 5
+    Average = _C.REDUCE_OPS["Average"]
+    Sum = _C.REDUCE_OPS["Sum"]
+    Adasum = _C.REDUCE_OPS["Adasum"]
+    Min = _C.REDUCE_OPS["Min"]
+    Max = _C.REDUCE_OPS["Max"]
+    Product = _C.REDUCE_OPS["Product"]
 
 
 Average = ReduceOp.Average

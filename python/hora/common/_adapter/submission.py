@@ -19,12 +19,13 @@ from hora._loader import _C
 from hora.common import call_site
 
 # The collective kinds, as the core numbers them.
-KIND_ALLREDUCE = 0
-KIND_ALLGATHER = 1
-KIND_BROADCAST = 2
-KIND_ALLTOALL = 3
-KIND_REDUCESCATTER = 4
-KIND_BARRIER = 5
+_KINDS: dict[str, int] = dict(_C.COLLECTIVE_KINDS)
+KIND_ALLREDUCE = _KINDS["allreduce"]
+KIND_ALLGATHER = _KINDS["allgather"]
+KIND_BROADCAST = _KINDS["broadcast"]
+KIND_ALLTOALL = _KINDS["alltoall"]
+KIND_REDUCESCATTER = _KINDS["reducescatter"]
+KIND_BARRIER = _KINDS["barrier"]
 
 # dtype name ("float32", "bfloat16", ...) -> the core's code for it
 DTYPE_CODES: dict[str, int] = dict(_C.DTYPES)
@@ -42,6 +43,42 @@ def wire(array: Any) -> tuple[Any, int]:
     return array, -1
 
 
+# One options object per setting, reused: building one costs more than the
+# rest of a per-gradient submission. Bounded, since scale factors can vary.
+_OPTIONS: dict[tuple, Any] = {}
+_OPTIONS_LIMIT = 1024
+
+
+def options(op: int = 1, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+            in_place: bool = False, grouped: bool = False, stream: int = -1,
+            dtypes: Sequence[int] = (), splits: Sequence[int] | None = None) -> Any:
+    """The core's CollectiveOptions for these settings (and the caller's
+    call site at debug log level)."""
+    site = call_site.describe()
+    key = None
+    if not site and splits is None and len(dtypes) <= 1:
+        key = (op, root, prescale, postscale, in_place, grouped, stream, tuple(dtypes))
+        found = _OPTIONS.get(key)
+        if found is not None:
+            return found
+    made = _C.CollectiveOptions()
+    made.op = int(op)
+    made.root = int(root)
+    made.prescale = float(prescale)
+    made.postscale = float(postscale)
+    made.in_place = in_place
+    made.grouped = grouped
+    made.stream = stream
+    made.dtypes = list(dtypes)
+    made.splits = None if splits is None else [int(s) for s in splits]
+    made.site = site
+    if key is not None:
+        if len(_OPTIONS) >= _OPTIONS_LIMIT:
+            _OPTIONS.clear()
+        _OPTIONS[key] = made
+    return made
+
+
 def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
                   outputs: Sequence[Any] | None = None, op: int = 1, root: int = 0,
                   prescale: float = 1.0, postscale: float = 1.0,
@@ -49,12 +86,6 @@ def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
     """Submits NumPy arrays (or buffer / DLPack producers) as one request;
     an output that is its input makes that member in place. Returns one
     Work per input."""
-    if len(inputs) == 1 and (outputs is None or outputs[0] is inputs[0]):
-        # One tensor (in place or not): the common case, without the loops.
-        array, dtype = wire(inputs[0])
-        return _C.submit(kind, names, [array], None if outputs is None else [array], op, root,
-                         float(prescale), float(postscale), splits, [dtype], grouped,
-                         call_site.describe())
     wire_inputs, dtypes = [], []
     for x in inputs:
         array, dtype = wire(x)
@@ -64,20 +95,24 @@ def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
     if outputs is not None:
         wire_outputs = [w if o is i else wire(o)[0]
                         for w, o, i in zip(wire_inputs, outputs, inputs)]
-    return _C.submit(kind, names, wire_inputs, wire_outputs, op, root, float(prescale),
-                     float(postscale), splits, dtypes, grouped, call_site.describe())
+    if all(code == -1 for code in dtypes):
+        dtypes = []
+    return _C.submit(kind, wire_inputs, list(names),
+                     options(op, root, prescale, postscale, grouped=grouped, dtypes=dtypes,
+                             splits=splits),
+                     wire_outputs)
 
 
 def submit_one_array(kind: int, name: str, array: Any, in_place: bool, op: int,
                      prescale: float, postscale: float) -> Any:
     """Submits one NumPy array (or buffer / DLPack producer); returns its Work."""
     dtype = getattr(array, "dtype", None)
-    code = -1
+    dtypes: tuple[int, ...] = ()
     # wire() written out: this is the per-tensor path of hora.allreduce_async_
     if getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16":
-        array, code = array.view(np.int16), _BFLOAT16
-    return _C.submit_one(kind, name, array, in_place, op, float(prescale), float(postscale), code,
-                         call_site.describe())
+        array, dtypes = array.view(np.int16), (_BFLOAT16,)
+    return _C.submit(kind, array, name,
+                     options(op, 0, prescale, postscale, in_place=in_place, dtypes=dtypes))
 
 
 def submit_tensors(kind: int, names: Sequence[str], inputs: Sequence[Any],
@@ -87,8 +122,10 @@ def submit_tensors(kind: int, names: Sequence[str], inputs: Sequence[Any],
     """Submits framework tensors the core reads through DLPack, with their
     own dtypes. ``stream`` is the CUDA stream that produced GPU tensors
     (-1: host tensors). Returns one Work per input."""
-    return _C.submit(kind, names, inputs, outputs, int(op), int(root), float(prescale),
-                     float(postscale), splits, [], grouped, call_site.describe(), stream)
+    return _C.submit(kind, list(inputs), list(names),
+                     options(int(op), int(root), prescale, postscale, grouped=grouped,
+                             stream=stream, splits=splits),
+                     None if outputs is None else list(outputs))
 
 
 def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequence[int],
@@ -96,8 +133,8 @@ def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequ
                     postscale: float) -> Any:
     """Submits one contiguous host tensor by pointer, in place: ``owner``
     keeps the memory alive until the Work is released. Returns the Work."""
-    return _C.submit_one_host(kind, name, owner, data_ptr, shape, dtype_code, int(op), root,
-                              float(prescale), float(postscale), call_site.describe())
+    return _C.submit(kind, (owner, data_ptr, shape, dtype_code), name,
+                     options(op, root, prescale, postscale, in_place=True))
 
 
 def join() -> int:
