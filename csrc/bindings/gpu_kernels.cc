@@ -50,8 +50,9 @@ void RegisterGpuKernels(py::module_& m) {
   m.def(
       "gpu_fill",
       [](uintptr_t dst, int64_t count, int element_bytes, uint64_t pattern, uintptr_t stream) {
-        Check(gpu::Fill(reinterpret_cast<void*>(dst), count, element_bytes, pattern, Stream(stream)),
-              "gpu_fill");
+        Check(
+            gpu::Fill(reinterpret_cast<void*>(dst), count, element_bytes, pattern, Stream(stream)),
+            "gpu_fill");
       },
       py::arg("dst"), py::arg("count"), py::arg("element_bytes"), py::arg("pattern"),
       py::arg("stream") = 0);

@@ -14,7 +14,7 @@ void RegisterOps(py::module_& m);
 #if HORA_HAVE_CUDA
 void RegisterGpuKernels(py::module_& m);
 #endif
-}
+}  // namespace hora
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hora's framework-free core (private; use the hora package)";

@@ -70,8 +70,9 @@ dlpack::DataType ToDlpack(DataType dtype) {
     case DataType::kUInt8: return {dlpack::kUInt, 8, 1};
     case DataType::kBool: return {dlpack::kBool, 8, 1};
     case DataType::kBFloat16: return {dlpack::kBfloat, 16, 1};
-    case DataType::kFloat16: case DataType::kFloat32: case DataType::kFloat64:
-      return {dlpack::kFloat, bits, 1};
+    case DataType::kFloat16:
+    case DataType::kFloat32:
+    case DataType::kFloat64: return {dlpack::kFloat, bits, 1};
     default: return {dlpack::kInt, bits, 1};
   }
 }
@@ -152,7 +153,8 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
   TensorEntry entry;
   if (in.device >= 0) {
     if (stream < 0) {
-      ThrowValueError(DescribeRequest(r) + ": the tensor is in GPU memory, but this function "
+      ThrowValueError(DescribeRequest(r) +
+                      ": the tensor is in GPU memory, but this function "
                       "takes host memory (it cannot know which CUDA stream produces the data); "
                       "use a framework adapter such as hora.torch for GPU tensors");
     }
@@ -199,7 +201,8 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
   const int size = engine.topology().size;
   const std::vector<std::string> name_list = names.cast<std::vector<std::string>>();
   const size_t count = name_list.size();
-  if (static_cast<size_t>(py::len(inputs)) != count || (!o.dtypes.empty() && o.dtypes.size() != count) ||
+  if (static_cast<size_t>(py::len(inputs)) != count ||
+      (!o.dtypes.empty() && o.dtypes.size() != count) ||
       (!outputs.is_none() && static_cast<size_t>(py::len(outputs)) != count)) {
     ThrowValueError("internal: names, tensors, outputs and dtypes differ in length");
   }
@@ -214,8 +217,8 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
     auto w = std::make_unique<PyWork>();
     const bool in_place = o.in_place || (!outputs.is_none() && output_list[i].is(inputs[i]));
     AttachTensors(w.get(), &r, inputs[i],
-                  outputs.is_none() || in_place ? py::none() : py::object(output_list[i]),
-                  in_place, o.dtypes.empty() ? -1 : o.dtypes[i]);
+                  outputs.is_none() || in_place ? py::none() : py::object(output_list[i]), in_place,
+                  o.dtypes.empty() ? -1 : o.dtypes[i]);
     entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits));
     works.push_back(std::move(w));
   }
@@ -271,8 +274,8 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
                 o.dtypes.empty() ? -1 : o.dtypes[0]);
-  TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, engine->topology().size,
-                                o.stream, o.splits);
+  TensorEntry entry =
+      MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, o.stream, o.splits);
   return EnqueueOne(*engine, std::move(w), std::move(entry));
 }
 
@@ -308,7 +311,8 @@ void RegisterOps(py::module_& m) {
              if (!w.work->device_output) return py::none();
              return ExportDevice(w.work->device_output, w.dtype, w.work->output_shape);
            })
-      .def_property_readonly("on_gpu", [](PyWork& w) { return static_cast<bool>(w.work->device_output); })
+      .def_property_readonly("on_gpu",
+                             [](PyWork& w) { return static_cast<bool>(w.work->device_output); })
       .def("result_buffer",
            [](PyWork& w) -> py::object {
              if (!w.work->output) return py::none();
@@ -316,12 +320,11 @@ void RegisterOps(py::module_& m) {
            })
       .def_property_readonly("output_shape", [](PyWork& w) { return w.work->output_shape; })
       .def_property_readonly("received_splits", [](PyWork& w) { return w.work->received_splits; })
-      .def("release",
-           [](PyWork& w) {
-             // Drops the views of the caller's arrays once the result is in.
-             w.input.reset();
-             w.output.reset();
-           });
+      .def("release", [](PyWork& w) {
+        // Drops the views of the caller's arrays once the result is in.
+        w.input.reset();
+        w.output.reset();
+      });
 
   py::class_<CollectiveOptions>(m, "CollectiveOptions")
       .def(py::init<>())

@@ -70,10 +70,13 @@ void RegisterRuntime(py::module_& m) {
     runtime::FinalizeProcess();
   });
   m.def("build_info", &BuildInfo);
-  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
-    Status status = CurrentEngine()->StartTimeline(path, mark_cycles);
-    if (!status.ok()) ThrowStatus(status);
-  }, py::arg("path"), py::arg("mark_cycles") = false);
+  m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) {
+        Status status = CurrentEngine()->StartTimeline(path, mark_cycles);
+        if (!status.ok()) ThrowStatus(status);
+      },
+      py::arg("path"), py::arg("mark_cycles") = false);
   m.def("stop_timeline", [] { CurrentEngine()->StopTimeline(); });
   // The engine settings in effect and their changes (autotuning), for tests
   // and the benchmark.
@@ -87,10 +90,9 @@ void RegisterRuntime(py::module_& m) {
     out["hierarchical"] = now.hierarchical;
     py::list history;
     for (const auto& change : engine->parameter_history()) {
-      history.append(py::make_tuple(change.cycle, change.parameters.fusion_threshold_bytes,
-                                    change.parameters.cycle_time_ms,
-                                    change.parameters.response_cache,
-                                    change.parameters.hierarchical));
+      history.append(py::make_tuple(
+          change.cycle, change.parameters.fusion_threshold_bytes, change.parameters.cycle_time_ms,
+          change.parameters.response_cache, change.parameters.hierarchical));
     }
     out["history"] = history;
     out["autotuning"] = engine->autotuning();

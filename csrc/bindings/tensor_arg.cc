@@ -21,7 +21,10 @@ bool DtypeFromFormat(const char* format, Py_ssize_t itemsize, DataType* out) {
     case 'e': *out = DataType::kFloat16; return true;
     case 'f': *out = DataType::kFloat32; return true;
     case 'd': *out = DataType::kFloat64; return true;
-    case 'h': case 'i': case 'l': case 'q':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
       switch (itemsize) {
         case 2: *out = DataType::kInt16; return true;
         case 4: *out = DataType::kInt32; return true;
@@ -44,7 +47,10 @@ bool DtypeFromDlpack(const dlpack::DataType& t, DataType* out) {
       }
       return false;
     case dlpack::kUInt:
-      if (t.bits == 8) { *out = DataType::kUInt8; return true; }
+      if (t.bits == 8) {
+        *out = DataType::kUInt8;
+        return true;
+      }
       return false;
     case dlpack::kFloat:
       switch (t.bits) {
@@ -54,10 +60,16 @@ bool DtypeFromDlpack(const dlpack::DataType& t, DataType* out) {
       }
       return false;
     case dlpack::kBfloat:
-      if (t.bits == 16) { *out = DataType::kBFloat16; return true; }
+      if (t.bits == 16) {
+        *out = DataType::kBFloat16;
+        return true;
+      }
       return false;
     case dlpack::kBool:
-      if (t.bits == 8) { *out = DataType::kBool; return true; }
+      if (t.bits == 8) {
+        *out = DataType::kBool;
+        return true;
+      }
       return false;
   }
   return false;
@@ -69,8 +81,18 @@ bool DtypeFromTypestr(const std::string& typestr, DataType* out) {
   const char kind = typestr[1];
   const int bytes = std::atoi(typestr.c_str() + 2);
   switch (kind) {
-    case 'b': if (bytes == 1) { *out = DataType::kBool; return true; } return false;
-    case 'u': if (bytes == 1) { *out = DataType::kUInt8; return true; } return false;
+    case 'b':
+      if (bytes == 1) {
+        *out = DataType::kBool;
+        return true;
+      }
+      return false;
+    case 'u':
+      if (bytes == 1) {
+        *out = DataType::kUInt8;
+        return true;
+      }
+      return false;
     case 'i':
       switch (bytes) {
         case 1: *out = DataType::kInt8; return true;
@@ -100,8 +122,7 @@ const char* kSupported =
 
 }  // namespace
 
-TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
-                     const ArgName& what) {
+TensorArg::TensorArg(py::handle object, bool writable, int dtype_override, const ArgName& what) {
   try {
     if (!FromBuffer(object, writable, what) && !FromCudaArrayInterface(object, writable, what)) {
       FromDlpack(object, what);
@@ -120,8 +141,7 @@ TensorArg::TensorArg(py::handle object, bool writable, int dtype_override,
   }
 }
 
-TensorArg::TensorArg(py::handle owner, uintptr_t data, std::vector<int64_t> shape,
-                     DataType dtype) {
+TensorArg::TensorArg(py::handle owner, uintptr_t data, std::vector<int64_t> shape, DataType dtype) {
   view_.data = reinterpret_cast<void*>(data);
   view_.shape = std::move(shape);
   view_.dtype = dtype;
@@ -191,7 +211,8 @@ bool TensorArg::FromBuffer(py::handle object, bool writable, const ArgName& what
                    std::string(b.format == nullptr ? "B" : b.format) + "'; " + kSupported);
   }
   if (!PyBuffer_IsContiguous(&b, 'C')) {
-    ThrowValueError(what.str() + " is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)");
+    ThrowValueError(what.str() +
+                    " is not contiguous; pass a contiguous copy (e.g. numpy.ascontiguousarray)");
   }
   view_.data = b.buf;
   view_.shape.assign(b.shape, b.shape + b.ndim);
@@ -210,11 +231,14 @@ void TensorArg::FromDlpack(py::handle object, const ArgName& what) {
   // Renaming marks the capsule consumed: we now own the deleter call.
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   const dlpack::Tensor& t = managed_->dl_tensor;
-  const bool on_gpu = t.device.device_type == dlpack::kCUDA || t.device.device_type == dlpack::kCUDAManaged;
+  const bool on_gpu =
+      t.device.device_type == dlpack::kCUDA || t.device.device_type == dlpack::kCUDAManaged;
   if (on_gpu && !gpu::BuiltIn()) ThrowValueError(what.str() + kNoGpu);
-  if (!on_gpu && t.device.device_type != dlpack::kCPU && t.device.device_type != dlpack::kCUDAHost) {
+  if (!on_gpu && t.device.device_type != dlpack::kCPU &&
+      t.device.device_type != dlpack::kCUDAHost) {
     ThrowValueError(what.str() + " lives on an unsupported device (DLPack device type " +
-                    std::to_string(t.device.device_type) + "); hora handles host memory and CUDA GPUs");
+                    std::to_string(t.device.device_type) +
+                    "); hora handles host memory and CUDA GPUs");
   }
   view_.device = on_gpu ? t.device.device_id : -1;
   if (!DtypeFromDlpack(t.dtype, &view_.dtype)) {

@@ -89,10 +89,9 @@ class RouterTest : public ::testing::TestWithParam<Case> {
           double want = Expected(comm.size(), i, op);
           if (floating) want *= prescale * factor;
           if (static_cast<double>(got[i]) != want) {
-            return Status::Internal("piece " + std::to_string(k) + " element " +
-                                    std::to_string(i) + ": got " +
-                                    std::to_string(static_cast<double>(got[i])) + ", want " +
-                                    std::to_string(want));
+            return Status::Internal("piece " + std::to_string(k) + " element " + std::to_string(i) +
+                                    ": got " + std::to_string(static_cast<double>(got[i])) +
+                                    ", want " + std::to_string(want));
           }
         }
       }

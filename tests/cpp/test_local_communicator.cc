@@ -32,7 +32,8 @@ TEST(LocalCommunicator, CollectivesAtSeveralSizes) {
     const std::vector<Status> results = RunRanks(size, 0, [&](Communicator& comm) {
       const int me = comm.rank();
       std::vector<int64_t> values(5, me + 1);
-      HORA_RETURN_IF_ERROR(comm.Allreduce(nullptr, values.data(), 5, DataType::kInt64, ReduceOp::kSum));
+      HORA_RETURN_IF_ERROR(
+          comm.Allreduce(nullptr, values.data(), 5, DataType::kInt64, ReduceOp::kSum));
       if (values[4] != size * (size + 1) / 2) return Status::Internal("allreduce sum");
       // Allgatherv: rank k sends k + 1 bytes of value k.
       std::string mine(me + 1, static_cast<char>(me));

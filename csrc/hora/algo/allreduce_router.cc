@@ -44,9 +44,8 @@ Status AllreduceRouter::Create(Communicator* comm, const AllreduceSettings& sett
   }
   // auto goes hierarchical only where a host has several ranks to share
   // memory between; with one rank per host the ring is the whole story.
-  router->hierarchical_ok_ =
-      router->hierarchical_ok_ &&
-      (algorithm == AllreduceAlgorithm::kHierarchical || t.local_size > 1);
+  router->hierarchical_ok_ = router->hierarchical_ok_ &&
+                             (algorithm == AllreduceAlgorithm::kHierarchical || t.local_size > 1);
   const bool wants_shm =
       t.size > 1 && (algorithm == AllreduceAlgorithm::kHierarchical ||
                      (t.local_size > 1 && (algorithm == AllreduceAlgorithm::kShm ||
@@ -182,9 +181,10 @@ Status AllreduceRouter::RunContiguous(const void* send, void* recv, int64_t coun
 
 std::string AllreduceRouter::Describe() const {
   std::ostringstream text;
-  text << "allreduce=" << AllreduceAlgorithmName(settings_.algorithm) << " (small: "
-       << AllreducePathName(Choose(0)) << ", large: " << AllreducePathName(Choose(INT64_MAX))
-       << ")" << ", kernels=" << Kernels().name;
+  text << "allreduce=" << AllreduceAlgorithmName(settings_.algorithm)
+       << " (small: " << AllreducePathName(Choose(0))
+       << ", large: " << AllreducePathName(Choose(INT64_MAX)) << ")"
+       << ", kernels=" << Kernels().name;
   return text.str();
 }
 

@@ -12,7 +12,7 @@ namespace hora {
 struct Piece {
   const void* in;  // may equal out (in place)
   void* out;
-  int64_t count;   // elements
+  int64_t count;  // elements
 };
 
 class PieceMap {
@@ -29,8 +29,8 @@ class PieceMap {
   template <typename Fn>
   void ForEach(int64_t begin, int64_t count, Fn&& fn) const {
     if (count <= 0) return;
-    size_t i = static_cast<size_t>(
-        std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) -
+                                   starts_.begin() - 1);
     int64_t done = 0;
     while (done < count && i < n_) {
       const int64_t at = begin + done - starts_[i];

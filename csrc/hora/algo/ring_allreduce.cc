@@ -68,14 +68,14 @@ Status RingAllreduce::Run(Communicator* comm, const void* send, void* recv, int6
     const int recv_block = (me - step + n) % n;
     int id = 0;
     for (int64_t at = 0; at < block_count(recv_block); at += piece) {
-      HORA_RETURN_IF_ERROR(comm->PostRecv(
-          buffer + (block_begin(recv_block) + at) * element,
-          std::min(piece, block_count(recv_block) - at) * element, left, kAllgatherTag, &id));
+      HORA_RETURN_IF_ERROR(comm->PostRecv(buffer + (block_begin(recv_block) + at) * element,
+                                          std::min(piece, block_count(recv_block) - at) * element,
+                                          left, kAllgatherTag, &id));
     }
     for (int64_t at = 0; at < block_count(send_block); at += piece) {
-      HORA_RETURN_IF_ERROR(comm->PostSend(
-          buffer + (block_begin(send_block) + at) * element,
-          std::min(piece, block_count(send_block) - at) * element, right, kAllgatherTag, &id));
+      HORA_RETURN_IF_ERROR(comm->PostSend(buffer + (block_begin(send_block) + at) * element,
+                                          std::min(piece, block_count(send_block) - at) * element,
+                                          right, kAllgatherTag, &id));
     }
     HORA_RETURN_IF_ERROR(comm->WaitAll());
   }

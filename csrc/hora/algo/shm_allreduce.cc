@@ -30,7 +30,7 @@ ShmAllreduce::ShmAllreduce(ShmSegment* segment, int rank, int size)
       oversubscribed_(size > static_cast<int>(std::thread::hardware_concurrency())),
       slot_bytes_((segment->data_bytes_per_rank() / kSlots - kSlotSkewBytes) / 64 * 64) {}
 
-Status ShmAllreduce::WaitAll(std::atomic<uint64_t> ShmControl::*flag, uint64_t target) {
+Status ShmAllreduce::WaitAll(std::atomic<uint64_t> ShmControl::* flag, uint64_t target) {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const ShmControl* control = segment_->control(peer);
@@ -112,20 +112,21 @@ Status ShmAllreduce::Run(const PieceMap& map, DataType dtype, ReduceOp op, doubl
         std::memcpy(out, my_result + at * element, len * element);
       });
     } else {
-      map.ForEach(start + my_begin, my_count, [&](const char* in, char* out, int64_t len,
-                                                  int64_t at) {
-        for (int64_t b = 0; b < len; b += block_elements) {
-          const int64_t m = std::min(block_elements, len - b);
-          char* o = out + b * element;
-          if (in != out) std::memcpy(o, in + b * element, m * element);
-          const int64_t offset = (my_begin + at + b) * element;
-          for (int peer = 0; peer < size_; ++peer) {
-            if (peer != rank_) k.reduce_into(o, Slot(peer, slot) + offset, m, dtype, op);
-          }
-          if (scale) k.scale_copy(o, o, m, dtype, factor);
-          k.stream_copy(my_slot + offset, o, m * element);
-        }
-      });
+      map.ForEach(start + my_begin, my_count,
+                  [&](const char* in, char* out, int64_t len, int64_t at) {
+                    for (int64_t b = 0; b < len; b += block_elements) {
+                      const int64_t m = std::min(block_elements, len - b);
+                      char* o = out + b * element;
+                      if (in != out) std::memcpy(o, in + b * element, m * element);
+                      const int64_t offset = (my_begin + at + b) * element;
+                      for (int peer = 0; peer < size_; ++peer) {
+                        if (peer != rank_)
+                          k.reduce_into(o, Slot(peer, slot) + offset, m, dtype, op);
+                      }
+                      if (scale) k.scale_copy(o, o, m, dtype, factor);
+                      k.stream_copy(my_slot + offset, o, m * element);
+                    }
+                  });
     }
     mine->reduced.store(seq, std::memory_order_release);
     HORA_RETURN_IF_ERROR(WaitAll(&ShmControl::reduced, seq));

@@ -46,7 +46,7 @@ class ShmAllreduce {
 
  private:
   // Waits until every peer's `flag` reaches `target`; fails if a peer died.
-  Status WaitAll(std::atomic<uint64_t> ShmControl::*flag, uint64_t target);
+  Status WaitAll(std::atomic<uint64_t> ShmControl::* flag, uint64_t target);
   char* Slot(int rank, int slot) const {
     return segment_->data(rank) + slot * (slot_bytes_ + kSlotSkewBytes);
   }

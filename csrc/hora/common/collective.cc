@@ -39,9 +39,9 @@ const char* AllreduceAlgorithmName(AllreduceAlgorithm algorithm) {
 }
 
 bool ParseAllreduceAlgorithm(const std::string& text, AllreduceAlgorithm* out) {
-  for (AllreduceAlgorithm a : {AllreduceAlgorithm::kAuto, AllreduceAlgorithm::kMpi,
-                               AllreduceAlgorithm::kRing, AllreduceAlgorithm::kShm,
-                               AllreduceAlgorithm::kHierarchical}) {
+  for (AllreduceAlgorithm a :
+       {AllreduceAlgorithm::kAuto, AllreduceAlgorithm::kMpi, AllreduceAlgorithm::kRing,
+        AllreduceAlgorithm::kShm, AllreduceAlgorithm::kHierarchical}) {
     if (text == AllreduceAlgorithmName(a)) {
       *out = a;
       return true;

@@ -43,7 +43,7 @@ inline uint16_t FloatToHalf(float f) {
     return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
   }
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflows to inf
-  if (abs < 0x38800000u) {  // subnormal or zero in half precision
+  if (abs < 0x38800000u) {                        // subnormal or zero in half precision
     if (abs < 0x33000000u) return sign;
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;

@@ -29,11 +29,13 @@ void SetLogRank(int rank) { g_rank = rank; }
 bool ParseLogLevel(const std::string& text, LogLevel* level) {
   std::string lower(text);
   std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  static const struct { const char* name; LogLevel level; } kNames[] = {
-      {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug},
-      {"info", LogLevel::kInfo},   {"warning", LogLevel::kWarning},
-      {"warn", LogLevel::kWarning}, {"error", LogLevel::kError},
-      {"fatal", LogLevel::kError}, {"off", LogLevel::kOff}};
+  static const struct {
+    const char* name;
+    LogLevel level;
+  } kNames[] = {{"trace", LogLevel::kTrace},  {"debug", LogLevel::kDebug},
+                {"info", LogLevel::kInfo},    {"warning", LogLevel::kWarning},
+                {"warn", LogLevel::kWarning}, {"error", LogLevel::kError},
+                {"fatal", LogLevel::kError},  {"off", LogLevel::kOff}};
   for (const auto& entry : kNames) {
     if (lower == entry.name) {
       *level = entry.level;

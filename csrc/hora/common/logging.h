@@ -26,7 +26,7 @@ class LogMessage {
 
 }  // namespace hora
 
-#define HORA_LOG(level)                                              \
-  if (::hora::LogLevel::level < ::hora::GetLogLevel()) {             \
-  } else                                                             \
+#define HORA_LOG(level)                                  \
+  if (::hora::LogLevel::level < ::hora::GetLogLevel()) { \
+  } else                                                 \
     ::hora::LogMessage(::hora::LogLevel::level, __FILE__, __LINE__).stream()

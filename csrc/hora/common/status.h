@@ -20,11 +20,12 @@ enum class StatusCode {
 class Status {
  public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
   static Status Mismatch(std::string m) { return {StatusCode::kMismatch, std::move(m)}; }
   static Status Shutdown(std::string m) { return {StatusCode::kShutdown, std::move(m)}; }
@@ -49,8 +50,8 @@ class Status {
 
 }  // namespace hora
 
-#define HORA_RETURN_IF_ERROR(expr)                                  \
-  do {                                                              \
-    ::hora::Status _hora_status = (expr);                           \
-    if (!_hora_status.ok()) return _hora_status;                    \
+#define HORA_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::hora::Status _hora_status = (expr);        \
+    if (!_hora_status.ok()) return _hora_status; \
   } while (0)

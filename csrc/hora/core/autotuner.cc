@@ -10,7 +10,7 @@ namespace hora {
 namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
-const int64_t kThresholds[] = {1 * kMiB, 2 * kMiB, 4 * kMiB, 8 * kMiB,
+const int64_t kThresholds[] = {1 * kMiB,  2 * kMiB,  4 * kMiB,  8 * kMiB,
                                16 * kMiB, 32 * kMiB, 64 * kMiB, 128 * kMiB};
 const double kCycleTimes[] = {0.0, 0.5, 1.0, 2.5, 5.0};
 // A sample also needs this many cycles that did work, so that a slow step
@@ -168,8 +168,8 @@ bool Autotuner::Next(Clock::time_point now, EngineParameters* next) {
     // setting measured once is as likely lucky as good.
     double best_score = -1.0;
     for (const Sample& s : results_) {
-      const bool finalist = confirming_.empty() ||
-          std::find(confirming_.begin(), confirming_.end(), s.parameters) != confirming_.end();
+      const bool finalist = confirming_.empty() || std::find(confirming_.begin(), confirming_.end(),
+                                                             s.parameters) != confirming_.end();
       if (finalist && s.score > best_score) {
         best_score = s.score;
         best_ = s.parameters;

@@ -25,9 +25,8 @@ struct EngineParameters {
   bool response_cache = true;  // answer repeated tensors from the cache
   bool hierarchical = true;    // several hosts: hierarchical, not a flat ring
   bool operator==(const EngineParameters& o) const {
-    return fusion_threshold_bytes == o.fusion_threshold_bytes &&
-           cycle_time_ms == o.cycle_time_ms && response_cache == o.response_cache &&
-           hierarchical == o.hierarchical;
+    return fusion_threshold_bytes == o.fusion_threshold_bytes && cycle_time_ms == o.cycle_time_ms &&
+           response_cache == o.response_cache && hierarchical == o.hierarchical;
   }
   bool operator!=(const EngineParameters& o) const { return !(*this == o); }
 };

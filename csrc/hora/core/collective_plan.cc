@@ -22,12 +22,12 @@ DataType WireType(DataType dtype, bool on_gpu) {
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ? DataType::kFloat32 : dtype;
 }
 
-CollectivePlan PlanCollective(const Response& r, const std::vector<int64_t>& input_shape,
-                              int rank, int size) {
+CollectivePlan PlanCollective(const Response& r, const std::vector<int64_t>& input_shape, int rank,
+                              int size) {
   CollectivePlan plan;
   plan.wire = WireType(r.dtype, r.on_gpu);
-  const bool reduces = r.kind == CollectiveKind::kAllreduce ||
-                       r.kind == CollectiveKind::kReducescatter;
+  const bool reduces =
+      r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
   if (reduces && IsFloatingPoint(r.dtype)) {
     plan.prescale = r.prescale;
     plan.post_factor = r.postscale;

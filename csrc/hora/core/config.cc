@@ -24,8 +24,8 @@ Source Find(const std::function<const char*(const char*)>& lookup, const char* p
 
 Status Invalid(const Source& source, const char* expected) {
   std::ostringstream message;
-  message << "environment variable " << source.name << "='" << source.value
-          << "' is not " << expected;
+  message << "environment variable " << source.name << "='" << source.value << "' is not "
+          << expected;
   return Status::InvalidArgument(message.str());
 }
 
@@ -74,14 +74,15 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   const Source cycle = Find(lookup, "HORA_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME");
   HORA_RETURN_IF_ERROR(ReadDouble(cycle, &result.cycle_time_ms));
   result.cycle_time_explicit = cycle.value != nullptr;
-  HORA_RETURN_IF_ERROR(ReadBool(Find(lookup, "HORA_AUTOTUNE", "HOROVOD_AUTOTUNE"), &result.autotune));
+  HORA_RETURN_IF_ERROR(
+      ReadBool(Find(lookup, "HORA_AUTOTUNE", "HOROVOD_AUTOTUNE"), &result.autotune));
   const Source autotune_log = Find(lookup, "HORA_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG");
   if (autotune_log.value != nullptr) result.autotune_log = autotune_log.value;
   HORA_RETURN_IF_ERROR(ReadDouble(Find(lookup, "HORA_AUTOTUNE_SAMPLE_SECONDS", nullptr),
                                   &result.autotune_sample_seconds));
-  HORA_RETURN_IF_ERROR(ReadInt(
-      Find(lookup, "HORA_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"), 0,
-      &result.autotune_warmup_samples));
+  HORA_RETURN_IF_ERROR(
+      ReadInt(Find(lookup, "HORA_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"), 0,
+              &result.autotune_warmup_samples));
   const Source cache = Find(lookup, "HORA_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY");
   HORA_RETURN_IF_ERROR(ReadInt(cache, 0, &result.cache_capacity));
   result.cache_capacity_explicit = cache.value != nullptr;
@@ -96,9 +97,9 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       return Invalid(algorithm, "one of auto, mpi, ring, shm, hierarchical");
     }
   }
-  HORA_RETURN_IF_ERROR(ReadBool(
-      Find(lookup, "HORA_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
-      &result.gpu_hierarchical_allreduce));
+  HORA_RETURN_IF_ERROR(
+      ReadBool(Find(lookup, "HORA_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
+               &result.gpu_hierarchical_allreduce));
   const Source kernels = Find(lookup, "HORA_CPU_KERNELS", nullptr);
   if (kernels.value != nullptr) {
     result.cpu_kernels = kernels.value;
@@ -111,18 +112,18 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadBool(
       Find(lookup, "HORA_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE"), &stall_disabled));
   result.stall_check = !stall_disabled;
-  HORA_RETURN_IF_ERROR(ReadDouble(
-      Find(lookup, "HORA_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
-      &result.stall_warning_seconds));
+  HORA_RETURN_IF_ERROR(
+      ReadDouble(Find(lookup, "HORA_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"),
+                 &result.stall_warning_seconds));
   HORA_RETURN_IF_ERROR(ReadDouble(
       Find(lookup, "HORA_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
       &result.stall_shutdown_seconds));
   if (result.stall_warning_seconds <= 0) result.stall_check = false;
   const Source timeline = Find(lookup, "HORA_TIMELINE", "HOROVOD_TIMELINE");
   if (timeline.value != nullptr) result.timeline_path = timeline.value;
-  HORA_RETURN_IF_ERROR(ReadBool(
-      Find(lookup, "HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
-      &result.timeline_mark_cycles));
+  HORA_RETURN_IF_ERROR(
+      ReadBool(Find(lookup, "HORA_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"),
+               &result.timeline_mark_cycles));
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_TIMELINE_QUEUE_EVENTS", nullptr), 1,
                                &result.timeline_queue_events));
   const Source hostname = Find(lookup, "HORA_HOSTNAME", nullptr);
@@ -141,14 +142,13 @@ Status Config::FromEnvironment(Config* config) {
 
 std::string Config::Describe() const {
   std::ostringstream text;
-  text << "fusion_threshold_bytes=" << fusion_threshold_bytes
-       << " cycle_time_ms=" << cycle_time_ms << " cache_capacity=" << cache_capacity
+  text << "fusion_threshold_bytes=" << fusion_threshold_bytes << " cycle_time_ms=" << cycle_time_ms
+       << " cache_capacity=" << cache_capacity
        << " allreduce_algorithm=" << AllreduceAlgorithmName(allreduce_algorithm)
        << " small_allreduce_bytes=" << small_allreduce_bytes << " shm_slot_bytes=" << shm_slot_bytes
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
        << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"
-       << " stall_shutdown=" << stall_shutdown_seconds << "s"
-       << (autotune ? " autotune=on" : "")
+       << " stall_shutdown=" << stall_shutdown_seconds << "s" << (autotune ? " autotune=on" : "")
        << (hostname.empty() ? "" : " hostname=" + hostname);
   return text.str();
 }

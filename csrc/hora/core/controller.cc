@@ -165,8 +165,8 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   // Layout: [~flags][ready: AND][~invalid][~any ready][~joined][~shutdown]
   const int64_t w = Words(cache_.capacity());
   const int64_t rw = Words(size);
-  const int64_t ready_at = 1, invalid_at = 1 + w, any_ready_at = 1 + 2 * w,
-                joined_at = 1 + 3 * w, shutdown_at = 1 + 3 * w + rw;
+  const int64_t ready_at = 1, invalid_at = 1 + w, any_ready_at = 1 + 2 * w, joined_at = 1 + 3 * w,
+                shutdown_at = 1 + 3 * w + rw;
   std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
   words[0] = uncached_.empty() && !stall_check && !announce_ ? 0 : kFlagUncached;
   if (waiting) words[0] |= kFlagWaiting;
@@ -202,16 +202,21 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   // Stale entries are erased everywhere before anything is read from the
   // cache, and requests parked on them move to the coordinator path.
   bool any_invalid = false;
-  ForEachBit(w, [&](int64_t i) { return words[invalid_at + i]; }, [&](int64_t slot) {
-    any_invalid = true;
-    cache_.Erase(slot);
-    Unpark(slot);
-  });
+  ForEachBit(
+      w, [&](int64_t i) { return words[invalid_at + i]; },
+      [&](int64_t slot) {
+        any_invalid = true;
+        cache_.Erase(slot);
+        Unpark(slot);
+      });
   if (stalls_ && stalls_->enabled()) {
     std::vector<int64_t> partial;
-    ForEachBit(w, [&](int64_t i) {
-      return words[any_ready_at + i] & ~words[ready_at + i] & ~words[invalid_at + i];
-    }, [&](int64_t slot) { partial.push_back(slot); });
+    ForEachBit(
+        w,
+        [&](int64_t i) {
+          return words[any_ready_at + i] & ~words[ready_at + i] & ~words[invalid_at + i];
+        },
+        [&](int64_t slot) { partial.push_back(slot); });
     stalls_->ObservePartial(partial, now);
   }
   if (result->joined_count > 0) {
@@ -221,21 +226,22 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
     for (auto& item : pending_cached_) uncached_.push_back(std::move(item.second));
     pending_cached_.clear();
   } else {
-    ForEachBit(w, [&](int64_t i) { return words[ready_at + i] & ~words[invalid_at + i]; },
-               [&](int64_t slot) {
-      // Every rank set this bit, so every rank had the request parked; if
-      // it is gone now, a stale member of its group moved the whole group to
-      // the coordinator, on every rank alike.
-      if (pending_cached_.count(slot) == 0) return;
-      result->responses.push_back(cache_.response(slot));
-      result->responses.back().contributors = size;
-      if (coordinator_) {
-        coordinator_->NoteSubmittedByAll(result->responses.back().name);
-        NoteDecided(result->responses.back());
-      }
-      cache_.Touch(slot);
-      pending_cached_.erase(slot);
-    });
+    ForEachBit(
+        w, [&](int64_t i) { return words[ready_at + i] & ~words[invalid_at + i]; },
+        [&](int64_t slot) {
+          // Every rank set this bit, so every rank had the request parked; if
+          // it is gone now, a stale member of its group moved the whole group to
+          // the coordinator, on every rank alike.
+          if (pending_cached_.count(slot) == 0) return;
+          result->responses.push_back(cache_.response(slot));
+          result->responses.back().contributors = size;
+          if (coordinator_) {
+            coordinator_->NoteSubmittedByAll(result->responses.back().name);
+            NoteDecided(result->responses.back());
+          }
+          cache_.Touch(slot);
+          pending_cached_.erase(slot);
+        });
   }
 
   if ((flags & kFlagUncached) || any_invalid || joined_changed || result->joined_count > 0) {

@@ -32,9 +32,9 @@ struct CycleResult {
   int joined_count = 0;             // ranks that called join()
   bool all_joined = false;          // every rank has joined: joins complete
   int last_joined_rank = -1;
-  bool waiting = false;  // a caller on some rank is blocked on a result
-  bool go_idle = false;  // rank 0 decided to stop back-to-back cycling
-  Status abort;          // not OK: the job stops on every rank with this error
+  bool waiting = false;         // a caller on some rank is blocked on a result
+  bool go_idle = false;         // rank 0 decided to stop back-to-back cycling
+  Status abort;                 // not OK: the job stops on every rank with this error
   bool has_parameters = false;  // rank 0 announced new engine settings
   EngineParameters parameters;
 };
@@ -77,8 +77,8 @@ class Controller {
 
   Communicator* comm_;
   ResponseCache cache_;
-  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
-  std::unique_ptr<StallInspector> stalls_;    // rank 0 only
+  std::unique_ptr<Coordinator> coordinator_;             // rank 0 only
+  std::unique_ptr<StallInspector> stalls_;               // rank 0 only
   std::unordered_map<int64_t, Request> pending_cached_;  // slot -> this rank's request
   std::vector<Request> uncached_;
   std::unordered_map<std::string, Request> awaiting_decision_;

@@ -239,11 +239,12 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
     }
     if (!differ) return;
     response.error_code = StatusCode::kMismatch;
-    response.error = std::string("Mismatched ") + what + " for " +
-                     CollectiveKindName(first.kind) + " '" + name + "': " + DescribeValues(values);
+    response.error = std::string("Mismatched ") + what + " for " + CollectiveKindName(first.kind) +
+                     " '" + name + "': " + DescribeValues(values);
   };
 
-  check("collective kind", [](const Request& r) { return std::string(CollectiveKindName(r.kind)); });
+  check("collective kind",
+        [](const Request& r) { return std::string(CollectiveKindName(r.kind)); });
   check("data type", [](const Request& r) { return std::string(DataTypeName(r.dtype)); });
   check("device", [](const Request& r) { return std::string(r.on_gpu ? "GPU" : "host memory"); });
   const CollectiveKind kind = first.kind;
@@ -264,7 +265,8 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   } else if (kind != CollectiveKind::kBarrier) {
     check("shape", [](const Request& r) { return ShapeString(r.shape); });
   }
-  check("group", [](const Request& r) { return r.group.empty() ? std::string("(none)") : r.group; });
+  check("group",
+        [](const Request& r) { return r.group.empty() ? std::string("(none)") : r.group; });
 
   if (!response.is_error() && kind != CollectiveKind::kAllreduce) {
     std::vector<int> joined_ranks;

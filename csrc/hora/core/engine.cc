@@ -208,7 +208,8 @@ void Engine::Loop() {
         const auto cycle_time = std::chrono::duration<double, std::milli>(cycle_time_ms_);
         const auto since = std::chrono::steady_clock::now() - last_start;
         if (since < cycle_time) {
-          const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(cycle_time - since);
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(cycle_time - since);
           status = wakeup_->Wait(static_cast<int>(left.count()) + 1, &events);
         } else {
           pending_wants_ = 0;
@@ -308,8 +309,8 @@ bool Engine::RunOneCycle(bool* go_idle) {
   // are right behind, so blocking calls are fastest. Every rank knows
   // whether this cycle is hot, and (after negotiating) whether anyone waits.
   comm_->SetBlockingCollectives(hot_);
-  Status status = controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle,
-                                       &result);
+  Status status =
+      controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle, &result);
   const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
     if (result.has_parameters) {
@@ -354,10 +355,10 @@ bool Engine::RunOneCycle(bool* go_idle) {
   }
   if (!result.shutdown_ranks.empty()) {
     const bool self = shutdown;
-    Stop(Status::Shutdown(
-        self ? "hora has been shut down on this rank"
-             : "hora has been shut down because " + RankList(result.shutdown_ranks) +
-                   " called hora.shutdown() (or exited)"));
+    Stop(Status::Shutdown(self ? "hora has been shut down on this rank"
+                               : "hora has been shut down because " +
+                                     RankList(result.shutdown_ranks) +
+                                     " called hora.shutdown() (or exited)"));
     return false;
   }
   return true;

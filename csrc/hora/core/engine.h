@@ -90,8 +90,8 @@ class Engine {
   // spin_window_ after) is rank 0's decision. Nobody waiting means the
   // callers are computing, and a spinning engine would only steal their core.
   std::chrono::microseconds spin_window_{0};
-  bool spin_allowed_ = false;  // no oversubscription, more than one rank
-  double cycle_time_ms_ = 0.0;  // engine thread's copy of parameters_
+  bool spin_allowed_ = false;             // no oversubscription, more than one rank
+  double cycle_time_ms_ = 0.0;            // engine thread's copy of parameters_
   std::unique_ptr<Autotuner> autotuner_;  // rank 0, HORA_AUTOTUNE=1
   mutable std::mutex parameters_mutex_;
   EngineParameters parameters_;
@@ -103,7 +103,7 @@ class Engine {
     uint64_t working_cycles = 0;
     std::chrono::steady_clock::duration negotiation{0};
     std::chrono::steady_clock::duration execution{0};
-  } stats_;  // engine thread only; logged at debug level on shutdown
+  } stats_;                 // engine thread only; logged at debug level on shutdown
   int pending_starts_ = 0;  // other ranks: cycles rank 0 has started
   int pending_wants_ = 0;   // rank 0: cycles other ranks asked for
 

@@ -10,9 +10,8 @@ namespace {
 
 bool SameAllreduce(const Response& a, const Response& b) {
   return b.kind == CollectiveKind::kAllreduce && !b.is_error() && a.on_gpu == b.on_gpu &&
-         a.dtype == b.dtype &&
-         a.op == b.op && a.prescale == b.prescale && a.postscale == b.postscale &&
-         a.contributors == b.contributors;
+         a.dtype == b.dtype && a.op == b.op && a.prescale == b.prescale &&
+         a.postscale == b.postscale && a.contributors == b.contributors;
 }
 
 }  // namespace
@@ -42,7 +41,8 @@ void Executor::Record(const Response* batch, size_t batch_size, const std::strin
     const std::string& name = batch[k].name;
     timeline_->Span(name, "QUEUE", decided, p.start);
     timeline_->Span(name, kind, p.start, p.copied_out, args);
-    if (p.copied_in > p.start) timeline_->Span(name, "MEMCPY_IN_FUSION_BUFFER", p.start, p.copied_in);
+    if (p.copied_in > p.start)
+      timeline_->Span(name, "MEMCPY_IN_FUSION_BUFFER", p.start, p.copied_in);
     timeline_->Span(name, collective, p.copied_in, p.reduced);
     if (p.copied_out > p.reduced) {
       timeline_->Span(name, "MEMCPY_OUT_FUSION_BUFFER", p.reduced, p.copied_out);
@@ -78,7 +78,7 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     if (timeline_->active()) {
       phases.copied_in = phases.start;
       phases.reduced = phases.copied_out = Timeline::Clock::now();
-      static const char* const kMpiCall[] = {"MPI_ALLREDUCE", "MPI_ALLGATHERV", "MPI_BCAST",
+      static const char* const kMpiCall[] = {"MPI_ALLREDUCE", "MPI_ALLGATHERV",     "MPI_BCAST",
                                              "MPI_ALLTOALLV", "MPI_REDUCE_SCATTER", "BARRIER"};
       std::string kind = CollectiveKindName(r.kind);
       for (char& c : kind) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -110,7 +110,8 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   Status status;
   if (head.on_gpu) {
     const TensorEntry* any = nullptr;
-    for (size_t k = 0; k < batch_size && any == nullptr; ++k) any = present[k] ? &entries[k] : nullptr;
+    for (size_t k = 0; k < batch_size && any == nullptr; ++k)
+      any = present[k] ? &entries[k] : nullptr;
     GpuExecutor* gpu = nullptr;
     status = Gpu(any, &gpu);
     phases.copied_in = Timeline::Clock::now();

@@ -22,8 +22,7 @@ namespace hora {
 // allreduces that agree with it on device, dtype, op, scale factors and
 // contributors, as long as their wire bytes stay within `threshold_bytes`
 // (the first always runs, however large).
-size_t FusedBatchEnd(const std::vector<Response>& responses, size_t first,
-                     int64_t threshold_bytes);
+size_t FusedBatchEnd(const std::vector<Response>& responses, size_t first, int64_t threshold_bytes);
 
 class Executor {
  public:
@@ -53,7 +52,8 @@ class Executor {
 
  private:
   // Runs batch[0..batch_size) as one fused allreduce.
-  Status RunAllreduce(const Response* batch, size_t batch_size, Timeline::Clock::time_point decided);
+  Status RunAllreduce(const Response* batch, size_t batch_size,
+                      Timeline::Clock::time_point decided);
   // Timeline spans for one collective over `batch` (copy phases only when
   // their start and end differ).
   struct Phases {
@@ -66,8 +66,7 @@ class Executor {
   Status RunAllgather(TensorEntry& entry, const CollectivePlan& plan);
   Status RunBroadcast(const Response& response, TensorEntry& entry);
   Status RunAlltoall(TensorEntry& entry, const CollectivePlan& plan);
-  Status RunReducescatter(const Response& response, TensorEntry& entry,
-                          const CollectivePlan& plan);
+  Status RunReducescatter(const Response& response, TensorEntry& entry, const CollectivePlan& plan);
   // GPU tensors go to the GPU executor, made on first use.
   Status Gpu(const TensorEntry* entry, GpuExecutor** out);
 

@@ -68,13 +68,14 @@ Status NcclExecutor::Init(bool hierarchical) {
   HORA_RETURN_IF_ERROR(CheckDistinctDevices());
   HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_, &nccl_));
   const Topology& t = comm_->topology();
-  const bool usable = t.cross_size > 1 && t.homogeneous && comm_->local() != nullptr &&
-                      comm_->cross() != nullptr;
+  const bool usable =
+      t.cross_size > 1 && t.homogeneous && comm_->local() != nullptr && comm_->cross() != nullptr;
   if (hierarchical && !usable) {
     HORA_LOG(kInfo) << "HORA_HIERARCHICAL_ALLREDUCE: not used (it needs several hosts with the "
                        "same number of ranks each)";
   }
-  if (hierarchical && usable) HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_->local(), &local_));
+  if (hierarchical && usable)
+    HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_->local(), &local_));
   HORA_LOG(kDebug) << "GPU collectives: " << Describe();
   return Status::OK();
 }
@@ -90,10 +91,14 @@ Status NcclExecutor::CheckDistinctDevices() {
   mine.device = device_;
   if (local.ok()) local = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   cudaDeviceProp properties{};
-  if (local.ok()) local = CudaStatus(cudaGetDeviceProperties(&properties, device_), "cudaGetDeviceProperties");
+  if (local.ok())
+    local = CudaStatus(cudaGetDeviceProperties(&properties, device_), "cudaGetDeviceProperties");
   if (local.ok()) std::memcpy(mine.uuid, &properties.uuid, sizeof(mine.uuid));
-  if (local.ok()) local = CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (local.ok()) local = CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+  if (local.ok())
+    local =
+        CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (local.ok())
+    local = CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   if (!local.ok()) cudaGetLastError();
   mine.ok = local.ok() ? 1 : 0;
   const int size = comm_->size();
@@ -112,9 +117,11 @@ Status NcclExecutor::CheckDistinctDevices() {
     for (int b = a + 1; b < size; ++b) {
       if (cards[a].host == cards[b].host && std::memcmp(cards[a].uuid, cards[b].uuid, 16) == 0) {
         return Status::InvalidArgument(
-            "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on one host both use the "
-            "same GPU (device " + std::to_string(cards[a].device) + " and device " +
-            std::to_string(cards[b].device) + " of their processes); give each rank its own GPU, "
+            "ranks " + std::to_string(a) + " and " + std::to_string(b) +
+            " on one host both use the "
+            "same GPU (device " +
+            std::to_string(cards[a].device) + " and device " + std::to_string(cards[b].device) +
+            " of their processes); give each rank its own GPU, "
             "e.g. torch.cuda.set_device(hvd.local_rank()), or set CUDA_VISIBLE_DEVICES per rank");
       }
     }
@@ -129,7 +136,8 @@ NcclExecutor::~NcclExecutor() {
   // past ten seconds the peers are gone, and aborting NCCL ends its kernels.
   if (stream_ != nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (cudaStreamQuery(stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -233,16 +241,20 @@ Status NcclExecutor::Reduce(const char* send, char* recv, int64_t count, DataTyp
   char* work = recv;
   if (shard * parts != count) {
     HORA_RETURN_IF_ERROR(Scratch(shard * parts * element, &work));  // padding is never read back
-    if (work == recv) return Status::Internal("hierarchical allreduce: scratch overlaps the output");
+    if (work == recv)
+      return Status::Internal("hierarchical allreduce: scratch overlaps the output");
   }
-  if (work != send) HORA_CUDA(cudaMemcpyAsync(work, send, count * element, cudaMemcpyDeviceToDevice, stream_));
+  if (work != send)
+    HORA_CUDA(cudaMemcpyAsync(work, send, count * element, cudaMemcpyDeviceToDevice, stream_));
   char* my_shard = work + local_->rank() * shard * element;
   const std::vector<int64_t> shards(parts, shard);
   std::vector<int64_t> offsets(parts);
   for (int k = 0; k < parts; ++k) offsets[k] = k * shard;
-  HORA_RETURN_IF_ERROR(local_->ReduceScatter(work, my_shard, shards, offsets, true, wire, op, stream_));
+  HORA_RETURN_IF_ERROR(
+      local_->ReduceScatter(work, my_shard, shards, offsets, true, wire, op, stream_));
   host_.resize(shard * element);
-  HORA_CUDA(cudaMemcpyAsync(host_.data(), my_shard, shard * element, cudaMemcpyDeviceToHost, stream_));
+  HORA_CUDA(
+      cudaMemcpyAsync(host_.data(), my_shard, shard * element, cudaMemcpyDeviceToHost, stream_));
   HORA_CUDA(cudaStreamSynchronize(stream_));  // our stream only: MPI needs the bytes now
   if (IsHalf(wire)) {
     wide_.resize(shard);
@@ -253,10 +265,12 @@ Status NcclExecutor::Reduce(const char* send, char* recv, int64_t count, DataTyp
   } else {
     HORA_RETURN_IF_ERROR(comm_->cross()->Allreduce(nullptr, host_.data(), shard, wire, op));
   }
-  HORA_CUDA(cudaMemcpyAsync(my_shard, host_.data(), shard * element, cudaMemcpyHostToDevice, stream_));
+  HORA_CUDA(
+      cudaMemcpyAsync(my_shard, host_.data(), shard * element, cudaMemcpyHostToDevice, stream_));
   HORA_RETURN_IF_ERROR(local_->Allgatherv(my_shard, work, Scaled(shards, element),
                                           Scaled(offsets, element), true, stream_));
-  if (work != recv) HORA_CUDA(cudaMemcpyAsync(recv, work, count * element, cudaMemcpyDeviceToDevice, stream_));
+  if (work != recv)
+    HORA_CUDA(cudaMemcpyAsync(recv, work, count * element, cudaMemcpyDeviceToDevice, stream_));
   return Status::OK();
 }
 
@@ -271,10 +285,11 @@ Status NcclExecutor::Allreduce(const Response* batch, size_t batch_size, TensorE
     // A lone tensor is reduced from the caller's memory into its output.
     TensorEntry& e = entries[0];
     const int64_t count = head.NumElements();
-    HORA_RETURN_IF_ERROR(Reduce(static_cast<const char*>(e.input.data), static_cast<char*>(e.output),
-                                count, wire, head.op));
+    HORA_RETURN_IF_ERROR(Reduce(static_cast<const char*>(e.input.data),
+                                static_cast<char*>(e.output), count, wire, head.op));
     if (plan.scales()) {
-      HORA_RETURN_IF_ERROR(Copy(e.output, e.output, count, dtype, dtype, plan.post_factor, plan.divisor));
+      HORA_RETURN_IF_ERROR(
+          Copy(e.output, e.output, count, dtype, dtype, plan.post_factor, plan.divisor));
     }
     return ReleaseCallers(entries, batch_size, &present);
   }
@@ -303,10 +318,12 @@ Status NcclExecutor::Allreduce(const Response* batch, size_t batch_size, TensorE
       tasks_.push_back(CopyTask{entries[k].input.data, slot, count});
       back_.push_back(CopyTask{slot, entries[k].output, count});
     } else {
-      HORA_CUDA(Fill(slot, count, static_cast<int>(element), NeutralPattern(wire, head.op), stream_));
+      HORA_CUDA(
+          Fill(slot, count, static_cast<int>(element), NeutralPattern(wire, head.op), stream_));
     }
   }
-  HORA_CUDA(ScaledCopy(tasks_.data(), static_cast<int>(tasks_.size()), dtype, wire, plan.prescale, 1, stream_));
+  HORA_CUDA(ScaledCopy(tasks_.data(), static_cast<int>(tasks_.size()), dtype, wire, plan.prescale,
+                       1, stream_));
   HORA_RETURN_IF_ERROR(Reduce(buffer, buffer, bytes / element, wire, head.op));
   HORA_CUDA(ScaledCopy(back_.data(), static_cast<int>(back_.size()), wire, dtype, plan.post_factor,
                        plan.divisor, stream_));
@@ -335,7 +352,8 @@ Status NcclExecutor::Allgather(TensorEntry& e, const CollectivePlan& plan) {
 }
 
 Status NcclExecutor::Broadcast(const Response& r, TensorEntry& e) {
-  HORA_RETURN_IF_ERROR(nccl_->Broadcast(e.input.data, e.output, e.input.NumBytes(), r.root, stream_));
+  HORA_RETURN_IF_ERROR(
+      nccl_->Broadcast(e.input.data, e.output, e.input.NumBytes(), r.root, stream_));
   return ReleaseCallers(&e, 1, nullptr);
 }
 
@@ -343,10 +361,9 @@ Status NcclExecutor::Alltoall(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
   std::shared_ptr<DeviceBuffer> out;
   HORA_RETURN_IF_ERROR(AllocateOutput(plan.recv_total * element, &out));
-  HORA_RETURN_IF_ERROR(nccl_->Alltoallv(e.input.data, Scaled(plan.send_counts, element),
-                                        Scaled(plan.send_offsets, element), out->data,
-                                        Scaled(plan.recv_counts, element),
-                                        Scaled(plan.recv_offsets, element), stream_));
+  HORA_RETURN_IF_ERROR(nccl_->Alltoallv(
+      e.input.data, Scaled(plan.send_counts, element), Scaled(plan.send_offsets, element),
+      out->data, Scaled(plan.recv_counts, element), Scaled(plan.recv_offsets, element), stream_));
   return Deliver(e, std::move(out), plan);
 }
 

@@ -108,9 +108,9 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
   for (Request& r : *out) {
     uint8_t kind, op, dtype, on_gpu;
     if (!rd.Get(&r.rank) || !rd.GetString(&r.name) || !rd.Get(&kind) || !rd.Get(&op) ||
-        !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) || !rd.Get(&r.postscale) ||
-        !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) || !rd.GetString(&r.group) ||
-        !rd.Get(&r.group_size) || !rd.GetString(&r.site)) {
+        !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) ||
+        !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) ||
+        !rd.GetString(&r.group) || !rd.Get(&r.group_size) || !rd.GetString(&r.site)) {
       return Status::Internal("truncated request");
     }
     r.kind = static_cast<CollectiveKind>(kind);
@@ -153,9 +153,9 @@ Status ParseResponses(const std::string& data, std::vector<Response>* out) {
     int32_t code;
     if (!rd.Get(&kind) || !rd.GetString(&r.name) || !rd.Get(&code) || !rd.GetString(&r.error) ||
         !rd.Get(&dtype) || !rd.Get(&op) || !rd.Get(&r.root) || !rd.Get(&on_gpu) ||
-        !rd.Get(&r.prescale) ||
-        !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.first_dims) ||
-        !rd.GetInts(&r.splits) || !rd.Get(&cacheable) || !rd.Get(&r.contributors)) {
+        !rd.Get(&r.prescale) || !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) ||
+        !rd.GetInts(&r.first_dims) || !rd.GetInts(&r.splits) || !rd.Get(&cacheable) ||
+        !rd.Get(&r.contributors)) {
       return Status::Internal("truncated response");
     }
     r.cacheable = cacheable != 0;

@@ -25,8 +25,8 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
   }
   if (out != nullptr) {
     if (out->device != in.device) {
-      return Invalid(r, "the output is in " + Where(out->device) + " but the input is in " +
-                            Where(in.device));
+      return Invalid(
+          r, "the output is in " + Where(out->device) + " but the input is in " + Where(in.device));
     }
     if (out->dtype != in.dtype || out->shape != in.shape) {
       return Invalid(r, std::string("output has ") + DataTypeName(out->dtype) + " " +
@@ -44,12 +44,14 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
       return Invalid(r, "unknown reduce op " + std::to_string(static_cast<int>(r.op)));
     }
     if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
-      return Invalid(r, "op=Average is not defined for bool tensors; use Sum (logical or), "
-                        "Min or Product (logical and)");
+      return Invalid(r,
+                     "op=Average is not defined for bool tensors; use Sum (logical or), "
+                     "Min or Product (logical and)");
     }
     if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
       return Invalid(r, std::string("prescale_factor/postscale_factor need a floating-point "
-                                    "tensor, got ") + DataTypeName(in.dtype));
+                                    "tensor, got ") +
+                            DataTypeName(in.dtype));
     }
   }
   if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
@@ -80,14 +82,13 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
   return Status::OK();
 }
 
-Status EqualSplits(const Request& r, const TensorView& in, int size,
-                   std::vector<int64_t>* splits) {
+Status EqualSplits(const Request& r, const TensorView& in, int size, std::vector<int64_t>* splits) {
   if (in.shape.empty() || in.shape[0] % size != 0) {
-    return Invalid(r, "first dimension " +
-                          (in.shape.empty() ? std::string("(scalar)")
-                                            : std::to_string(in.shape[0])) +
-                          " is not divisible by " + std::to_string(size) +
-                          " ranks; pass splits to say how many rows go to each rank");
+    return Invalid(r,
+                   "first dimension " +
+                       (in.shape.empty() ? std::string("(scalar)") : std::to_string(in.shape[0])) +
+                       " is not divisible by " + std::to_string(size) +
+                       " ranks; pass splits to say how many rows go to each rank");
   }
   splits->assign(size, in.shape[0] / size);
   return Status::OK();

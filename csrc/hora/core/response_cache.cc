@@ -18,10 +18,8 @@ bool ResponseCache::Cacheable(const Request& request) {
     case CollectiveKind::kAllreduce:
     case CollectiveKind::kAllgather:
     case CollectiveKind::kBroadcast:
-    case CollectiveKind::kReducescatter:
-      return true;
-    default:
-      return false;
+    case CollectiveKind::kReducescatter: return true;
+    default: return false;
   }
 }
 

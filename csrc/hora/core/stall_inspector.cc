@@ -115,10 +115,11 @@ Status StallInspector::Check(Clock::time_point now, const Coordinator& coordinat
   if (shutdown_ > Clock::duration::zero()) {
     std::vector<Coordinator::Stall> fatal = coordinator.Stalled(now, shutdown_, joined);
     if (!fatal.empty()) {
-      std::string message = "hora stopped the job: collectives waited longer than " +
-                            Round(Seconds(shutdown_).count()) +
-                            " (HORA_STALL_SHUTDOWN_TIME_SECONDS) for some ranks:" +
-                            Describe(fatal, coordinator) + hint;
+      std::string message =
+          "hora stopped the job: collectives waited longer than " +
+          Round(Seconds(shutdown_).count()) +
+          " (HORA_STALL_SHUTDOWN_TIME_SECONDS) for some ranks:" + Describe(fatal, coordinator) +
+          hint;
       HORA_LOG(kError) << message;
       return Status::Timeout(message);
     }

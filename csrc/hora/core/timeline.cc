@@ -112,8 +112,8 @@ void Timeline::End(const std::string& tensor, const std::string& activity) {
   Push({'E', tensor, activity, Micros(Clock::now()), 0, ""});
 }
 
-void Timeline::Span(const std::string& tensor, const std::string& activity,
-                    Clock::time_point start, Clock::time_point end, const std::string& args) {
+void Timeline::Span(const std::string& tensor, const std::string& activity, Clock::time_point start,
+                    Clock::time_point end, const std::string& args) {
   if (!active()) return;
   const int64_t begin = Micros(start);
   Push({'X', tensor, activity, begin, std::max<int64_t>(0, Micros(end) - begin), args});
@@ -127,10 +127,9 @@ void Timeline::Instant(const std::string& tensor, const std::string& what,
 
 void Timeline::Cycle(int64_t number, size_t responses) {
   if (!active() || !mark_cycles()) return;
-  Push({'i', kEngineRow, "CYCLE",
-        Micros(Clock::now()), 0,
-        "{\"cycle\": " + std::to_string(number) + ", \"responses\": " +
-            std::to_string(responses) + "}"});
+  Push({'i', kEngineRow, "CYCLE", Micros(Clock::now()), 0,
+        "{\"cycle\": " + std::to_string(number) + ", \"responses\": " + std::to_string(responses) +
+            "}"});
 }
 
 void Timeline::WriterLoop() {
@@ -157,7 +156,8 @@ void Timeline::WriterLoop() {
                          << " event(s) (and will drop more, unreported, while it stays behind)";
       WriteRaw(std::string(first_ ? "" : ",\n") +
                "{\"name\": \"events dropped\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 0, "
-               "\"tid\": 0, \"ts\": " + std::to_string(Micros(Clock::now())) + "}");
+               "\"tid\": 0, \"ts\": " +
+               std::to_string(Micros(Clock::now())) + "}");
       first_ = false;
     }
     std::fflush(file_);
@@ -172,15 +172,15 @@ void Timeline::Write(const Event& event) {
     row = rows_.emplace(event.row, pid).first;
     WriteRaw(std::string(first_ ? "" : ",\n") +
              "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(pid) +
-             ", \"args\": {\"name\": " + Quote(event.row) + "}},\n"
+             ", \"args\": {\"name\": " + Quote(event.row) +
+             "}},\n"
              "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": " +
              std::to_string(pid) + ", \"args\": {\"sort_index\": " + std::to_string(pid) + "}}");
     first_ = false;
   }
   std::string json = std::string(first_ ? "" : ",\n") + "{\"name\": " + Quote(event.name) +
-                     ", \"ph\": \"" + event.phase + "\", \"pid\": " +
-                     std::to_string(row->second) + ", \"tid\": 0, \"ts\": " +
-                     std::to_string(event.ts_us);
+                     ", \"ph\": \"" + event.phase + "\", \"pid\": " + std::to_string(row->second) +
+                     ", \"tid\": 0, \"ts\": " + std::to_string(event.ts_us);
   if (event.phase == 'X') json += ", \"dur\": " + std::to_string(event.dur_us);
   if (event.phase == 'i') json += ", \"s\": \"p\"";
   if (!event.args.empty()) json += ", \"args\": " + event.args;

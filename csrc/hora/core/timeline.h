@@ -46,15 +46,13 @@ class Timeline {
 
   // One row per tensor. `activity` spans nest: Begin/End pairs, or Span for
   // one whose start was noted earlier. `args` is a JSON object or "".
-  void Begin(const std::string& tensor, const std::string& activity,
-             const std::string& args = "");
+  void Begin(const std::string& tensor, const std::string& activity, const std::string& args = "");
   void End(const std::string& tensor, const std::string& activity);
   void Span(const std::string& tensor, const std::string& activity, Clock::time_point start,
             Clock::time_point end, const std::string& args = "");
   void Instant(const std::string& tensor, const std::string& what, const std::string& args = "");
   // A mark on the engine's own row, when cycles are being marked.
   void Cycle(int64_t number, size_t responses);
-
 
  private:
   struct Event {

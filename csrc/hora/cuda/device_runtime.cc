@@ -11,7 +11,6 @@
 #include "hora/cuda/cuda_status.h"
 #include "hora/cuda/device_runtime.h"
 
-
 namespace hora {
 namespace gpu {
 namespace {
@@ -65,7 +64,8 @@ Status RecordReady(int device, uintptr_t stream, std::shared_ptr<void>* event) {
   if (!g_device.compare_exchange_strong(expected, device) && expected != device) {
     return Status::InvalidArgument(
         "is on GPU " + std::to_string(device) + ", but this process already uses GPU " +
-        std::to_string(expected) + " for hora's collectives; keep each rank's tensors on one GPU "
+        std::to_string(expected) +
+        " for hora's collectives; keep each rank's tensors on one GPU "
         "(e.g. torch.cuda.set_device(hvd.local_rank()) before creating them)");
   }
   DeviceGuard guard(device);
@@ -77,7 +77,8 @@ Status RecordReady(int device, uintptr_t stream, std::shared_ptr<void>* event) {
     cudaGetLastError();
     return CudaStatus(error, "cudaEventRecord on the caller's stream");
   }
-  *event = std::shared_ptr<void>(e, [device](void* p) { Pool().Give(device, static_cast<cudaEvent_t>(p)); });
+  *event = std::shared_ptr<void>(
+      e, [device](void* p) { Pool().Give(device, static_cast<cudaEvent_t>(p)); });
   return Status::OK();
 }
 
@@ -118,7 +119,9 @@ std::map<std::string, std::string> VersionInfo() {
   std::map<std::string, std::string> info;
   info["cuda_compiled"] = VersionString(CUDART_VERSION, 1000, 10, 100);
   int runtime = 0, driver = 0;
-  info["cuda_runtime"] = cudaRuntimeGetVersion(&runtime) == cudaSuccess ? VersionString(runtime, 1000, 10, 100) : "unknown";
+  info["cuda_runtime"] = cudaRuntimeGetVersion(&runtime) == cudaSuccess
+                             ? VersionString(runtime, 1000, 10, 100)
+                             : "unknown";
   info["cuda_driver"] = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0
                             ? VersionString(driver, 1000, 10, 100)
                             : "none (no NVIDIA driver on this machine)";

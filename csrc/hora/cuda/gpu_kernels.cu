@@ -17,34 +17,43 @@ struct TaskBatch {
 };
 
 // Storage types, with a float (or double) view for the arithmetic.
-struct F16 { __half v; };
-struct BF16 { __nv_bfloat16 v; };
+struct F16 {
+  __half v;
+};
+struct BF16 {
+  __nv_bfloat16 v;
+};
 
-template <typename T> struct Traits {  // integers and bool
+template <typename T>
+struct Traits {  // integers and bool
   using Compute = T;
   static constexpr bool kFloat = false;
   __device__ static Compute Load(T x) { return x; }
   __device__ static T Store(Compute x) { return x; }
 };
-template <> struct Traits<F16> {
+template <>
+struct Traits<F16> {
   using Compute = float;
   static constexpr bool kFloat = true;
   __device__ static float Load(F16 x) { return __half2float(x.v); }
   __device__ static F16 Store(float x) { return F16{__float2half_rn(x)}; }
 };
-template <> struct Traits<BF16> {
+template <>
+struct Traits<BF16> {
   using Compute = float;
   static constexpr bool kFloat = true;
   __device__ static float Load(BF16 x) { return __bfloat162float(x.v); }
   __device__ static BF16 Store(float x) { return BF16{__float2bfloat16_rn(x)}; }
 };
-template <> struct Traits<float> {
+template <>
+struct Traits<float> {
   using Compute = float;
   static constexpr bool kFloat = true;
   __device__ static float Load(float x) { return x; }
   __device__ static float Store(float x) { return x; }
 };
-template <> struct Traits<double> {
+template <>
+struct Traits<double> {
   using Compute = double;
   static constexpr bool kFloat = true;
   __device__ static double Load(double x) { return x; }
@@ -179,12 +188,18 @@ cudaError_t ScaledCopy(const CopyTask* tasks, int num_tasks, DataType in, DataTy
     }
   }
   using D = DataType;
-  if (in == D::kInt16 && out == D::kInt32) return LaunchScaled<int16_t, int32_t>(tasks, num_tasks, scale, divisor, stream);
-  if (in == D::kInt32 && out == D::kInt16) return LaunchScaled<int32_t, int16_t>(tasks, num_tasks, scale, divisor, stream);
-  if (in == D::kFloat16 && out == D::kFloat32) return LaunchScaled<F16, float>(tasks, num_tasks, scale, divisor, stream);
-  if (in == D::kFloat32 && out == D::kFloat16) return LaunchScaled<float, F16>(tasks, num_tasks, scale, divisor, stream);
-  if (in == D::kBFloat16 && out == D::kFloat32) return LaunchScaled<BF16, float>(tasks, num_tasks, scale, divisor, stream);
-  if (in == D::kFloat32 && out == D::kBFloat16) return LaunchScaled<float, BF16>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kInt16 && out == D::kInt32)
+    return LaunchScaled<int16_t, int32_t>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kInt32 && out == D::kInt16)
+    return LaunchScaled<int32_t, int16_t>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kFloat16 && out == D::kFloat32)
+    return LaunchScaled<F16, float>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kFloat32 && out == D::kFloat16)
+    return LaunchScaled<float, F16>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kBFloat16 && out == D::kFloat32)
+    return LaunchScaled<BF16, float>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kFloat32 && out == D::kBFloat16)
+    return LaunchScaled<float, BF16>(tasks, num_tasks, scale, divisor, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -193,10 +208,21 @@ cudaError_t Fill(void* dst, int64_t count, int element_bytes, uint64_t pattern,
   if (count == 0) return cudaSuccess;
   const int blocks = BlocksFor(count);
   switch (element_bytes) {
-    case 1: FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(dst), count, static_cast<uint8_t>(pattern)); break;
-    case 2: FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst), count, static_cast<uint16_t>(pattern)); break;
-    case 4: FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint32_t*>(dst), count, static_cast<uint32_t>(pattern)); break;
-    case 8: FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint64_t*>(dst), count, pattern); break;
+    case 1:
+      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(dst), count,
+                                                  static_cast<uint8_t>(pattern));
+      break;
+    case 2:
+      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst), count,
+                                                  static_cast<uint16_t>(pattern));
+      break;
+    case 4:
+      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint32_t*>(dst), count,
+                                                  static_cast<uint32_t>(pattern));
+      break;
+    case 8:
+      FillKernel<<<blocks, kThreads, 0, stream>>>(static_cast<uint64_t*>(dst), count, pattern);
+      break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

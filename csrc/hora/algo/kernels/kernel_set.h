@@ -36,10 +36,16 @@ Status SelectKernels(const std::string& name);
 // Every kernel set compiled in, each with whether this CPU can run it.
 std::vector<std::pair<std::string, bool>> KernelAvailability();
 
-namespace kernels_generic { extern const KernelSet kSet; }
+namespace kernels_generic {
+extern const KernelSet kSet;
+}
 #if defined(__x86_64__)
-namespace kernels_avx2 { extern const KernelSet kSet; }
-namespace kernels_avx512 { extern const KernelSet kSet; }
+namespace kernels_avx2 {
+extern const KernelSet kSet;
+}
+namespace kernels_avx512 {
+extern const KernelSet kSet;
+}
 #endif
 
 }  // namespace hora

@@ -82,15 +82,16 @@ Status LocalWorld::Receive(int source, int dest, int tag, std::string* message) 
   return Status::OK();
 }
 
-std::vector<std::unique_ptr<LocalCommunicator>> LocalCommunicator::CreateWorld(
-    int size, int ranks_per_host) {
+std::vector<std::unique_ptr<LocalCommunicator>> LocalCommunicator::CreateWorld(int size,
+                                                                               int ranks_per_host) {
   if (ranks_per_host <= 0 || ranks_per_host > size) ranks_per_host = size;
   const int hosts = (size + ranks_per_host - 1) / ranks_per_host;
   const bool homogeneous = size % ranks_per_host == 0;
   auto world = std::make_shared<LocalWorld>(size);
   std::vector<std::shared_ptr<LocalWorld>> host_worlds, cross_worlds;
   for (int h = 0; h < hosts; ++h) {
-    host_worlds.push_back(std::make_shared<LocalWorld>(std::min(ranks_per_host, size - h * ranks_per_host)));
+    host_worlds.push_back(
+        std::make_shared<LocalWorld>(std::min(ranks_per_host, size - h * ranks_per_host)));
   }
   for (int l = 0; l < ranks_per_host; ++l) {
     int members = 0;
@@ -165,7 +166,8 @@ Status LocalCommunicator::GatherBytes(const std::string& mine, int root,
 Status LocalCommunicator::BroadcastBytes(std::string* data, int root) {
   if (rank() == root) {
     for (int k = 0; k < size(); ++k) {
-      if (k != root) world_->Send(root, k, kCollectiveTag, data->data(), static_cast<int64_t>(data->size()));
+      if (k != root)
+        world_->Send(root, k, kCollectiveTag, data->data(), static_cast<int64_t>(data->size()));
     }
     return Status::OK();
   }
@@ -196,7 +198,8 @@ Status LocalCommunicator::Barrier() {
 Status LocalCommunicator::AllreduceBitAnd(uint64_t* words, int count) {
   const int64_t bytes = static_cast<int64_t>(count) * sizeof(uint64_t);
   std::vector<std::string> all;
-  HORA_RETURN_IF_ERROR(GatherBytes(std::string(reinterpret_cast<const char*>(words), bytes), 0, &all));
+  HORA_RETURN_IF_ERROR(
+      GatherBytes(std::string(reinterpret_cast<const char*>(words), bytes), 0, &all));
   std::string result;
   if (rank() == 0) {
     for (const std::string& other : all) {
@@ -259,7 +262,8 @@ Status LocalCommunicator::Alltoallv(const void* send, const std::vector<int64_t>
   for (int k = 0; k < size(); ++k) {
     if (k == rank()) {
       if (recv_bytes[k] > 0) {
-        std::memcpy(at, static_cast<const char*>(send) + my_send_offset, static_cast<size_t>(recv_bytes[k]));
+        std::memcpy(at, static_cast<const char*>(send) + my_send_offset,
+                    static_cast<size_t>(recv_bytes[k]));
       }
     } else {
       HORA_RETURN_IF_ERROR(ReceiveExactly(k, kCollectiveTag, at, recv_bytes[k]));

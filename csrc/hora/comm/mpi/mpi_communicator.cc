@@ -120,8 +120,7 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
         return Status::InvalidArgument(m.str());
       }
     }
-    if (std::find(options.ranks.begin(), options.ranks.end(), world_rank) ==
-        options.ranks.end()) {
+    if (std::find(options.ranks.begin(), options.ranks.end(), world_rank) == options.ranks.end()) {
       std::ostringstream m;
       m << "init(comm=...): this process (world rank " << world_rank
         << ") is not in the ranks given to init";
@@ -147,8 +146,8 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
   t.hostname = options.hostname.empty() ? std::string(host) : options.hostname;
   MPI_Comm local;
   if (options.hostname.empty()) {
-    HORA_MPI_CALL(MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL,
-                                      &local));
+    HORA_MPI_CALL(
+        MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
   } else {
     // Ranks that name the same host form a host; its lowest rank is the color.
     std::vector<char> names(static_cast<size_t>(t.size) * 256, 0);
@@ -281,7 +280,8 @@ Status MpiCommunicator::Allreduce(const void* send, void* recv, int64_t count, D
   for (int64_t offset = 0; offset < count; offset += INT_MAX) {
     const int piece = static_cast<int>(std::min<int64_t>(INT_MAX, count - offset));
     char* r = static_cast<char*>(recv) + offset * element;
-    const void* s = send == nullptr ? MPI_IN_PLACE : static_cast<const char*>(send) + offset * element;
+    const void* s =
+        send == nullptr ? MPI_IN_PLACE : static_cast<const char*>(send) + offset * element;
     if (blocking_) {
       HORA_MPI_CALL(MPI_Allreduce(s, r, piece, type, mpi_op, comm_));
     } else {
@@ -339,8 +339,8 @@ Status MpiCommunicator::PostSend(const void* buffer, int64_t bytes, int dest, in
   if (bytes > INT_MAX) return Status::Internal("point-to-point message over 2 GiB");
   requests_.push_back(MPI_REQUEST_NULL);
   *id = static_cast<int>(requests_.size()) - 1;
-  HORA_MPI_CALL(MPI_Isend(buffer, static_cast<int>(bytes), MPI_BYTE, dest, tag, comm_,
-                          &requests_.back()));
+  HORA_MPI_CALL(
+      MPI_Isend(buffer, static_cast<int>(bytes), MPI_BYTE, dest, tag, comm_, &requests_.back()));
   return Status::OK();
 }
 
@@ -348,8 +348,8 @@ Status MpiCommunicator::PostRecv(void* buffer, int64_t bytes, int source, int ta
   if (bytes > INT_MAX) return Status::Internal("point-to-point message over 2 GiB");
   requests_.push_back(MPI_REQUEST_NULL);
   *id = static_cast<int>(requests_.size()) - 1;
-  HORA_MPI_CALL(MPI_Irecv(buffer, static_cast<int>(bytes), MPI_BYTE, source, tag, comm_,
-                          &requests_.back()));
+  HORA_MPI_CALL(
+      MPI_Irecv(buffer, static_cast<int>(bytes), MPI_BYTE, source, tag, comm_, &requests_.back()));
   return Status::OK();
 }
 

@@ -10,7 +10,8 @@ namespace {
 
 ncclDataType_t NcclType(DataType wire) {
   switch (wire) {
-    case DataType::kUInt8: case DataType::kBool: return ncclUint8;
+    case DataType::kUInt8:
+    case DataType::kBool: return ncclUint8;
     case DataType::kInt8: return ncclInt8;
     case DataType::kInt64: return ncclInt64;
     case DataType::kFloat16: return ncclFloat16;
@@ -118,12 +119,12 @@ Status NcclCommunicator::ReduceScatter(const void* send, void* recv,
   return group.End();
 }
 
-Status NcclCommunicator::Allgatherv(const void* send, void* recv,
-                                    const std::vector<int64_t>& bytes,
+Status NcclCommunicator::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes,
                                     const std::vector<int64_t>& offsets, bool equal,
                                     cudaStream_t stream) {
   if (equal) {
-    if (bytes[0] > 0) HORA_NCCL(ncclAllGather(send, recv, bytes[0], ncclInt8, comm_, stream), comm_);
+    if (bytes[0] > 0)
+      HORA_NCCL(ncclAllGather(send, recv, bytes[0], ncclInt8, comm_, stream), comm_);
     return Status::OK();
   }
   // Ranks send different amounts: one broadcast per rank, in one group.
@@ -146,8 +147,7 @@ Status NcclCommunicator::Broadcast(const void* send, void* recv, int64_t bytes, 
 Status NcclCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
                                    const std::vector<int64_t>& send_offsets, void* recv,
                                    const std::vector<int64_t>& recv_bytes,
-                                   const std::vector<int64_t>& recv_offsets,
-                                   cudaStream_t stream) {
+                                   const std::vector<int64_t>& recv_offsets, cudaStream_t stream) {
   const char* from = static_cast<const char*>(send);
   char* to = static_cast<char*>(recv);
   if (send_bytes[rank_] > 0) {

@@ -40,8 +40,8 @@ class NcclCommunicator {
   // Rank k's block of `counts[k]` elements (at `offsets[k]` of `send`) is
   // reduced into rank k's `recv`.
   Status ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
-                       const std::vector<int64_t>& offsets, bool equal, DataType wire,
-                       ReduceOp op, cudaStream_t stream);
+                       const std::vector<int64_t>& offsets, bool equal, DataType wire, ReduceOp op,
+                       cudaStream_t stream);
   // Bytes: rank k's `send` lands at `offsets[k]` of everyone's `recv`.
   Status Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes,
                     const std::vector<int64_t>& offsets, bool equal, cudaStream_t stream);
@@ -49,8 +49,8 @@ class NcclCommunicator {
   // Bytes, per peer, with the offsets of each peer's block on both sides.
   Status Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
                    const std::vector<int64_t>& send_offsets, void* recv,
-                   const std::vector<int64_t>& recv_bytes,
-                   const std::vector<int64_t>& recv_offsets, cudaStream_t stream);
+                   const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets,
+                   cudaStream_t stream);
 
  private:
   NcclCommunicator() = default;

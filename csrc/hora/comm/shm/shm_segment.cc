@@ -43,7 +43,8 @@ Status ShmSegment::Create(Communicator* comm, int64_t data_bytes_per_rank,
     }
   }
   HORA_RETURN_IF_ERROR(comm->BroadcastBytes(&name, 0));
-  if (name.empty()) return created.ok() ? Status::Internal("rank 0 could not create shared memory") : created;
+  if (name.empty())
+    return created.ok() ? Status::Internal("rank 0 could not create shared memory") : created;
 
   Status mapped;
   const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -53,7 +54,8 @@ Status ShmSegment::Create(Communicator* comm, int64_t data_bytes_per_rank,
     if (base != MAP_FAILED) segment->base_ = static_cast<char*>(base);
   }
   if (segment->base_ == nullptr) {
-    mapped = Status::Internal(std::string("mapping the shared-memory segment: ") + std::strerror(errno));
+    mapped =
+        Status::Internal(std::string("mapping the shared-memory segment: ") + std::strerror(errno));
   }
   // Everyone has opened it (or failed): the name can go. All ranks learn
   // whether all of them succeeded, so they fall back to MPI together.
@@ -62,7 +64,8 @@ Status ShmSegment::Create(Communicator* comm, int64_t data_bytes_per_rank,
   if (comm->rank() == 0) shm_unlink(name.c_str());
   HORA_RETURN_IF_ERROR(agreed);
   HORA_RETURN_IF_ERROR(mapped);
-  if (all_mapped == 0) return Status::Internal("another rank could not map the shared-memory segment");
+  if (all_mapped == 0)
+    return Status::Internal("another rank could not map the shared-memory segment");
   ShmControl* mine = new (segment->control(comm->rank())) ShmControl();
   mine->pid = getpid();
   HORA_RETURN_IF_ERROR(comm->Barrier());

@@ -34,7 +34,8 @@ class ShmSegment {
 
   ShmControl* control(int rank) const { return reinterpret_cast<ShmControl*>(base_) + rank; }
   char* data(int rank) const {
-    return base_ + control_bytes_ + static_cast<int64_t>(rank) * (data_bytes_per_rank_ + kSkewBytes);
+    return base_ + control_bytes_ +
+           static_cast<int64_t>(rank) * (data_bytes_per_rank_ + kSkewBytes);
   }
   // Ranks' areas start at different offsets modulo 4 KiB, so the streams a
   // reduction reads and writes at once do not alias in the caches.

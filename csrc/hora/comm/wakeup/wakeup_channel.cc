@@ -48,8 +48,8 @@ bool TransferAll(int fd, char* data, size_t n, bool write, int timeout_ms) {
   while (done < n) {
     pollfd p{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
     if (poll(&p, 1, timeout_ms) <= 0) return false;
-    const ssize_t got = write ? send(fd, data + done, n - done, MSG_NOSIGNAL)
-                              : recv(fd, data + done, n - done, 0);
+    const ssize_t got =
+        write ? send(fd, data + done, n - done, MSG_NOSIGNAL) : recv(fd, data + done, n - done, 0);
     if (got <= 0) {
       if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       return false;
@@ -154,7 +154,8 @@ Status WakeupChannel::Create(Communicator* comm, std::unique_ptr<WakeupChannel>*
                             .count();
       pollfd p{listen_fd, POLLIN, 0};
       if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) {
-        status = Status::Internal("timed out waiting for every rank to open its wake-up connection");
+        status =
+            Status::Internal("timed out waiting for every rank to open its wake-up connection");
         break;
       }
       const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);

@@ -50,7 +50,7 @@ class WakeupChannel {
   int rank_;
   int size_;
   int event_fd_ = -1;
-  std::vector<int> peer_fds_;  // rank 0: one per rank (-1 for itself); others: rank 0's
+  std::vector<int> peer_fds_;     // rank 0: one per rank (-1 for itself); others: rank 0's
   std::vector<pollfd> poll_fds_;  // engine thread only
   // Other ranks: digits of a lost-rank notice ("L<rank>\n") being read.
   bool reading_lost_ = false;
