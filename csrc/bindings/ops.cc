@@ -234,22 +234,26 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
 // Contiguous host memory the caller describes as (owner, data_ptr, shape,
 // dtype code): an in-place allreduce or broadcast of a torch CPU tensor,
 // the per-gradient path of hora.torch, without a DLPack export.
-py::object SubmitHost(Engine& engine, int kind, py::tuple described, py::handle name,
+py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle name,
                       const CollectiveOptions& o) {
+  // Read with the tuple macros: this is the per-gradient path.
+  PyObject* t = described.ptr();
   Request r = NewRequest(kind, name.cast<std::string>(), o);
   if (r.kind != CollectiveKind::kAllreduce && r.kind != CollectiveKind::kBroadcast) {
     ThrowValueError("internal: described host memory takes in-place allreduce and broadcast only");
   }
-  if (py::len(described) != 4) {
+  if (PyTuple_GET_SIZE(t) != 4) {
     ThrowValueError("internal: described host memory is (owner, data_ptr, shape, dtype)");
   }
-  const int dtype = described[3].cast<int>();
+  const int dtype = py::handle(PyTuple_GET_ITEM(t, 3)).cast<int>();
   if (!IsValidDataType(dtype)) {
     ThrowValueError("internal: described host memory has dtype code " + std::to_string(dtype));
   }
   auto w = std::make_unique<PyWork>();
-  w->input.emplace(described[0], described[1].cast<uintptr_t>(),
-                   described[2].cast<std::vector<int64_t>>(), static_cast<DataType>(dtype));
+  w->input.emplace(py::handle(PyTuple_GET_ITEM(t, 0)),
+                   py::handle(PyTuple_GET_ITEM(t, 1)).cast<uintptr_t>(),
+                   py::handle(PyTuple_GET_ITEM(t, 2)).cast<std::vector<int64_t>>(),
+                   static_cast<DataType>(dtype));
   r.dtype = w->dtype = w->input->view().dtype;
   r.shape = w->input->view().shape;
   TensorEntry entry = MakeEntry(w.get(), std::move(r), true, engine.topology().size, -1, o.splits);
@@ -267,7 +271,7 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
     return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs);
   }
   if (PyTuple_Check(tensors.ptr())) {
-    return SubmitHost(*engine, kind, py::reinterpret_borrow<py::tuple>(tensors), names, o);
+    return SubmitHost(*engine, kind, tensors, names, o);
   }
   Request r = NewRequest(kind, names.cast<std::string>(), o);
   const bool in_place = o.in_place || outputs.is(tensors);

@@ -120,13 +120,14 @@ def test_the_collective_waits_for_the_kernel_that_produces_its_input():
 
 def test_output_and_input_on_different_devices_is_a_clear_error():
     from hora._loader import _C
-    from hora.torch._collectives import KIND_ALLREDUCE
+    from hora.common._adapter.submission import KIND_ALLREDUCE, options
     if hvd.cuda_built():
         expected = "the output is in host memory but the input is in GPU 0"
     else:
         expected = "lives on a GPU, but this build of hora has no GPU support"
     with pytest.raises(ValueError, match=expected):
-        _C.submit(KIND_ALLREDUCE, ["mixed"], [torch.ones(3, device=DEVICE)], [torch.ones(3)])
+        _C.submit(KIND_ALLREDUCE, [torch.ones(3, device=DEVICE)], ["mixed"], options(),
+                  [torch.ones(3)])
 
 
 def test_staging_warns_once_without_a_cuda_build():

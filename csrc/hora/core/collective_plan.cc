@@ -17,6 +17,12 @@ void LayOut(const std::vector<int64_t>& counts, std::vector<int64_t>* offsets, i
 
 }  // namespace
 
+std::vector<int64_t> InBytes(const std::vector<int64_t>& elements, int64_t element_bytes) {
+  std::vector<int64_t> bytes(elements.size());
+  for (size_t k = 0; k < elements.size(); ++k) bytes[k] = elements[k] * element_bytes;
+  return bytes;
+}
+
 DataType WireType(DataType dtype, bool on_gpu) {
   if (on_gpu) return dtype == DataType::kInt16 ? DataType::kInt32 : dtype;
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ? DataType::kFloat32 : dtype;

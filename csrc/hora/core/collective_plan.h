@@ -42,6 +42,9 @@ struct CollectivePlan {
   bool scales() const { return post_factor != 1.0 || divisor != 1; }
 };
 
+// Counts or offsets in elements, as bytes of `element_bytes` each.
+std::vector<int64_t> InBytes(const std::vector<int64_t>& elements, int64_t element_bytes);
+
 // The wire type of `dtype` for a collective on the host or on a GPU.
 DataType WireType(DataType dtype, bool on_gpu);
 

@@ -195,12 +195,6 @@ Status Executor::RunOne(const Response& r, TensorEntry& e) {
 
 namespace {
 
-std::vector<int64_t> Bytes(const std::vector<int64_t>& counts, int64_t element) {
-  std::vector<int64_t> out(counts.size());
-  for (size_t k = 0; k < counts.size(); ++k) out[k] = counts[k] * element;
-  return out;
-}
-
 // The result buffer of a collective whose output the core allocates.
 char* Allocate(TensorEntry& e, int64_t bytes, const CollectivePlan& plan) {
   e.work->output = std::make_shared<OwnedBuffer>(bytes);
@@ -213,7 +207,8 @@ char* Allocate(TensorEntry& e, int64_t bytes, const CollectivePlan& plan) {
 Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
   char* out = Allocate(e, plan.recv_total * element, plan);
-  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out, Bytes(plan.recv_counts, element));
+  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out,
+                           InBytes(plan.recv_counts, element));
 }
 
 Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {
@@ -227,8 +222,8 @@ Status Executor::RunAlltoall(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
   char* out = Allocate(e, plan.recv_total * element, plan);
   e.work->received_splits = plan.received_splits;
-  return comm_->Alltoallv(e.input.data, Bytes(plan.send_counts, element), out,
-                          Bytes(plan.recv_counts, element));
+  return comm_->Alltoallv(e.input.data, InBytes(plan.send_counts, element), out,
+                          InBytes(plan.recv_counts, element));
 }
 
 Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const CollectivePlan& plan) {

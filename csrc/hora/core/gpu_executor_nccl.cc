@@ -32,12 +32,6 @@ uint64_t NeutralPattern(DataType dtype, ReduceOp op) {
 
 int64_t Align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-std::vector<int64_t> Scaled(const std::vector<int64_t>& counts, int64_t factor) {
-  std::vector<int64_t> out(counts.size());
-  for (size_t k = 0; k < counts.size(); ++k) out[k] = counts[k] * factor;
-  return out;
-}
-
 uint64_t HashName(const std::string& text) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
@@ -267,8 +261,8 @@ Status NcclExecutor::Reduce(const char* send, char* recv, int64_t count, DataTyp
   }
   HORA_CUDA(
       cudaMemcpyAsync(my_shard, host_.data(), shard * element, cudaMemcpyHostToDevice, stream_));
-  HORA_RETURN_IF_ERROR(local_->Allgatherv(my_shard, work, Scaled(shards, element),
-                                          Scaled(offsets, element), true, stream_));
+  HORA_RETURN_IF_ERROR(local_->Allgatherv(my_shard, work, InBytes(shards, element),
+                                          InBytes(offsets, element), true, stream_));
   if (work != recv)
     HORA_CUDA(cudaMemcpyAsync(recv, work, count * element, cudaMemcpyDeviceToDevice, stream_));
   return Status::OK();
@@ -345,9 +339,9 @@ Status NcclExecutor::Allgather(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
   std::shared_ptr<DeviceBuffer> out;
   HORA_RETURN_IF_ERROR(AllocateOutput(plan.recv_total * element, &out));
-  HORA_RETURN_IF_ERROR(nccl_->Allgatherv(e.input.data, out->data, Scaled(plan.recv_counts, element),
-                                         Scaled(plan.recv_offsets, element), plan.equal_blocks,
-                                         stream_));
+  HORA_RETURN_IF_ERROR(
+      nccl_->Allgatherv(e.input.data, out->data, InBytes(plan.recv_counts, element),
+                        InBytes(plan.recv_offsets, element), plan.equal_blocks, stream_));
   return Deliver(e, std::move(out), plan);
 }
 
@@ -362,8 +356,8 @@ Status NcclExecutor::Alltoall(TensorEntry& e, const CollectivePlan& plan) {
   std::shared_ptr<DeviceBuffer> out;
   HORA_RETURN_IF_ERROR(AllocateOutput(plan.recv_total * element, &out));
   HORA_RETURN_IF_ERROR(nccl_->Alltoallv(
-      e.input.data, Scaled(plan.send_counts, element), Scaled(plan.send_offsets, element),
-      out->data, Scaled(plan.recv_counts, element), Scaled(plan.recv_offsets, element), stream_));
+      e.input.data, InBytes(plan.send_counts, element), InBytes(plan.send_offsets, element),
+      out->data, InBytes(plan.recv_counts, element), InBytes(plan.recv_offsets, element), stream_));
   return Deliver(e, std::move(out), plan);
 }
 

@@ -11,18 +11,19 @@ import sys
 from hora._loader import _C
 
 _HORA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_enabled = False
+# Read on every submission, so a plain module attribute rather than a call.
+recording = False
 
 
 def refresh():
     """Reads the engine's log level; called by ``init()``."""
-    global _enabled
-    _enabled = bool(_C.records_call_sites())
+    global recording
+    recording = bool(_C.records_call_sites())
 
 
 def describe():
     """'file:line in function' of the caller outside hora, or '' when off."""
-    if not _enabled:
+    if not recording:
         return ""
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_HORA_DIR):

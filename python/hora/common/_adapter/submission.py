@@ -10,6 +10,7 @@ call into the core, without building lists.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,24 +44,9 @@ def wire(array: Any) -> tuple[Any, int]:
     return array, -1
 
 
-# One options object per setting, reused: building one costs more than the
-# rest of a per-gradient submission. Bounded, since scale factors can vary.
-_OPTIONS: dict[tuple, Any] = {}
-_OPTIONS_LIMIT = 1024
-
-
-def options(op: int = 1, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-            in_place: bool = False, grouped: bool = False, stream: int = -1,
-            dtypes: Sequence[int] = (), splits: Sequence[int] | None = None) -> Any:
-    """The core's CollectiveOptions for these settings (and the caller's
-    call site at debug log level)."""
-    site = call_site.describe()
-    key = None
-    if not site and splits is None and len(dtypes) <= 1:
-        key = (op, root, prescale, postscale, in_place, grouped, stream, tuple(dtypes))
-        found = _OPTIONS.get(key)
-        if found is not None:
-            return found
+def _make_options(op: int, root: int, prescale: float, postscale: float, in_place: bool,
+                  grouped: bool, stream: int, dtypes: Sequence[int],
+                  splits: Sequence[int] | None, site: str) -> Any:
     made = _C.CollectiveOptions()
     made.op = int(op)
     made.root = int(root)
@@ -72,11 +58,28 @@ def options(op: int = 1, root: int = 0, prescale: float = 1.0, postscale: float 
     made.dtypes = list(dtypes)
     made.splits = None if splits is None else [int(s) for s in splits]
     made.site = site
-    if key is not None:
-        if len(_OPTIONS) >= _OPTIONS_LIMIT:
-            _OPTIONS.clear()
-        _OPTIONS[key] = made
     return made
+
+
+# One options object per setting, reused: building one costs more than the
+# rest of a per-gradient submission. Bounded, since scale factors can vary.
+@functools.lru_cache(maxsize=1024)
+def _shared_options(op: int, root: int, prescale: float, postscale: float, in_place: bool,
+                    grouped: bool, stream: int, dtype: int) -> Any:
+    return _make_options(op, root, prescale, postscale, in_place, grouped, stream,
+                         () if dtype == -1 else (dtype,), None, "")
+
+
+def options(op: int = 1, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+            in_place: bool = False, grouped: bool = False, stream: int = -1,
+            dtypes: Sequence[int] = (), splits: Sequence[int] | None = None) -> Any:
+    """The core's CollectiveOptions for these settings (and the caller's
+    call site at debug log level)."""
+    if call_site.recording or splits is not None or len(dtypes) > 1:
+        return _make_options(op, root, prescale, postscale, in_place, grouped, stream, dtypes,
+                             splits, call_site.describe())
+    return _shared_options(op, root, prescale, postscale, in_place, grouped, stream,
+                           dtypes[0] if dtypes else -1)
 
 
 def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
@@ -107,12 +110,16 @@ def submit_one_array(kind: int, name: str, array: Any, in_place: bool, op: int,
                      prescale: float, postscale: float) -> Any:
     """Submits one NumPy array (or buffer / DLPack producer); returns its Work."""
     dtype = getattr(array, "dtype", None)
-    dtypes: tuple[int, ...] = ()
+    code = -1
     # wire() written out: this is the per-tensor path of hora.allreduce_async_
     if getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16":
-        array, dtypes = array.view(np.int16), (_BFLOAT16,)
+        array, code = array.view(np.int16), _BFLOAT16
+    if call_site.recording:
+        dtypes = () if code == -1 else (code,)
+        return _C.submit(kind, array, name,
+                         options(op, 0, prescale, postscale, in_place=in_place, dtypes=dtypes))
     return _C.submit(kind, array, name,
-                     options(op, 0, prescale, postscale, in_place=in_place, dtypes=dtypes))
+                     _shared_options(op, 0, prescale, postscale, in_place, False, -1, code))
 
 
 def submit_tensors(kind: int, names: Sequence[str], inputs: Sequence[Any],
@@ -133,8 +140,11 @@ def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequ
                     postscale: float) -> Any:
     """Submits one contiguous host tensor by pointer, in place: ``owner``
     keeps the memory alive until the Work is released. Returns the Work."""
+    if call_site.recording:
+        return _C.submit(kind, (owner, data_ptr, shape, dtype_code), name,
+                         options(op, root, prescale, postscale, in_place=True))
     return _C.submit(kind, (owner, data_ptr, shape, dtype_code), name,
-                     options(op, root, prescale, postscale, in_place=True))
+                     _shared_options(op, root, prescale, postscale, True, False, -1, -1))
 
 
 def join() -> int:
