@@ -30,5 +30,17 @@ class HoraTimeoutError(HoraError):
     """A stalled collective was aborted after the configured time."""
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Elastic training: horarun found hosts added or removed. Raised by
+    ``state.commit()`` / ``state.check_host_updates()`` on every rank at the
+    same point; ``hvd.elastic.run`` catches it and the world is re-formed
+    from that commit. ``skip_sync`` is Horovod's flag for a change that
+    needs no state sync."""
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the set of hosts changed; the world is re-formed at this commit")
+        self.skip_sync = skip_sync
+
+
 # Horovod's name, so `except hvd.HorovodInternalError` keeps working.
 HorovodInternalError = HoraInternalError

@@ -10,7 +10,7 @@ import shlex
 import sys
 import tempfile
 
-from hora.runner import check_build, hosts, supervise
+from hora.runner import check_build, elastic, hosts, supervise
 from hora.runner.mpi_command import (
     OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun,
     forwarded_env_names, pypi_mpirun, query_flavour, usable_cores)
@@ -124,6 +124,31 @@ def build_parser():
                         metavar="S",
                         help="stop the job with that report on every rank after S seconds "
                              "(HORA_STALL_SHUTDOWN_TIME_SECONDS; default 0: never)")
+    elastic = parser.add_argument_group(
+        "elastic training (hvd.elastic.run): the job is launched again after a lost rank or a "
+        "change of hosts, and resumes from its last commit")
+    elastic.add_argument("--min-np", type=_positive_int, metavar="N",
+                         help="fewest ranks to train with; turns on elastic mode")
+    elastic.add_argument("--max-np", type=_positive_int, metavar="N",
+                         help="most ranks to train with (default: -np without discovery, "
+                              "every slot discovery finds with it); turns on elastic mode")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="executable printing the usable hosts, one 'host:slots' (or "
+                              "'host') per line; run every second; turns on elastic mode")
+    elastic.add_argument("--slots-per-host", type=_positive_int, metavar="N",
+                         help="slots of a host the discovery script lists without a count "
+                              "(default 1)")
+    elastic.add_argument("--reset-limit", type=_non_negative(int), metavar="N",
+                         help="most times the world may be re-formed before the job stops "
+                              "(default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", type=_non_negative(float), nargs=2,
+                         metavar=("MIN_S", "MAX_S"),
+                         help="a host whose ranks keep failing is left out for a random time "
+                              "in this range (default: for good)")
+    elastic.add_argument("--elastic-timeout", type=_non_negative(float), metavar="S",
+                         default=600.0,
+                         help="how long to wait for --min-np slots before giving up "
+                              "(default 600)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, run once per rank")
     return parser
@@ -183,6 +208,25 @@ def parse_args(argv=None):
                           hosts.parse_hostfile(args.hostfile) if args.hostfile else None)
     except hosts.HostError as exc:
         parser.error(str(exc))
+    args.elastic = None
+    if (args.min_np is not None or args.max_np is not None
+            or args.host_discovery_script is not None):
+        min_np = args.min_np or 1
+        max_np = args.max_np
+        if max_np is None and args.host_discovery_script is None:
+            max_np = args.num_proc
+        if max_np is not None and max_np < min_np:
+            parser.error(f"--max-np {max_np} is below --min-np {min_np}")
+        if args.num_proc < min_np:
+            parser.error(f"-np {args.num_proc} is below --min-np {min_np}")
+        cooldown = args.blacklist_cooldown_range
+        if cooldown is not None and cooldown[0] > cooldown[1]:
+            parser.error("--blacklist-cooldown-range: MIN_S is above MAX_S")
+        args.elastic = elastic.ElasticOptions(
+            min_np=min_np, max_np=max_np, discovery_script=args.host_discovery_script,
+            slots_per_host=args.slots_per_host, reset_limit=args.reset_limit,
+            cooldown_range=None if cooldown is None else tuple(cooldown),
+            elastic_timeout=args.elastic_timeout)
     for item in args.env:
         name = item.partition("=")[0]
         if not name or not (name[0].isalpha() or name[0] == "_") or \
@@ -265,32 +309,46 @@ def main(argv=None):
 
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     with tempfile.TemporaryDirectory(prefix="horarun-") as scratch:
-        machinefile = None
-        if args.host_list is not None and flavour != OPEN_MPI:
-            machinefile = os.path.join(scratch, "machinefile")
-            with open(machinefile, "w", encoding="utf-8") as f:
-                f.write(hosts.machinefile_text(args.host_list))
-        spec = LaunchSpec(num_proc=args.num_proc, hosts=args.host_list, cores=usable_cores(),
-                          env_names=names, binding_args=args.binding_args,
-                          mpi_args=args.mpi_args, euid=os.geteuid(), machinefile=machinefile)
-        default_threads(env, spec)
-        cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
-        if args.verbose:
-            _log(shlex.join(cmd))
-        for attempt in (1, 2):
-            try:
-                outcome = supervise.run(cmd, args.num_proc, args.start_timeout,
-                                        sys.stdout.buffer, sys.stderr.buffer, _log, env=env)
-            except OSError as exc:
-                _log(f"horarun: could not start {mpirun}: {exc}")
-                return 1
-            if not (outcome.transient_start_failure and attempt == 1):
-                break
-            _log("horarun: mpirun could not start its PMIx server, before any rank started; "
-                 "launching the job once more")
-    if outcome.message:
-        _log(outcome.message)
+
+        def launch(num_proc, host_list, extra_env):
+            machinefile = None
+            if host_list is not None and flavour != OPEN_MPI:
+                machinefile = os.path.join(scratch, "machinefile")
+                with open(machinefile, "w", encoding="utf-8") as f:
+                    f.write(hosts.machinefile_text(host_list))
+            job_env = dict(env, **extra_env)
+            spec = LaunchSpec(num_proc=num_proc, hosts=host_list, cores=usable_cores(),
+                              env_names=sorted(set(names) | set(extra_env)),
+                              binding_args=args.binding_args, mpi_args=args.mpi_args,
+                              euid=os.geteuid(), machinefile=machinefile)
+            default_threads(job_env, spec)
+            cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
+            if args.verbose:
+                _log(shlex.join(cmd))
+            for attempt in (1, 2):
+                try:
+                    outcome = supervise.run(cmd, num_proc, args.start_timeout,
+                                            sys.stdout.buffer, sys.stderr.buffer, _log,
+                                            env=job_env)
+                except OSError as exc:
+                    return supervise.Outcome(1, f"horarun: could not start {mpirun}: {exc}")
+                if not (outcome.transient_start_failure and attempt == 1):
+                    break
+                _log("horarun: mpirun could not start its PMIx server, before any rank "
+                     "started; launching the job once more")
+            return outcome
+
+        if args.elastic is not None:
+            fixed = args.host_list or [hosts.Host("localhost", args.num_proc)]
+            discovery = elastic.Discovery(args.host_discovery_script, args.slots_per_host, fixed)
+            code = elastic.run(args.elastic, discovery, launch, env, args.command, _log,
+                               first_np=args.num_proc)
+        else:
+            outcome = launch(args.num_proc, args.host_list, {})
+            if outcome.message:
+                _log(outcome.message)
+            code = outcome.code
     if output_dir is not None:
         _log(f"horarun: each rank's output is in {output_dir}/rank.<N>/stdout and stderr")
-    return outcome.code
+    return code
 

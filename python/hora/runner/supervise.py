@@ -40,6 +40,7 @@ class Outcome:
     first_failure: markers.Marker = None
     started: frozenset = frozenset()
     transient_start_failure: bool = False  # safe to launch again: see TRANSIENT_START_FAILURES
+    stopped: bool = False           # by Ctrl-C or SIGTERM: not a failure to recover from
 
 
 def _relay(pipe, sink, events):
@@ -195,7 +196,7 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
     if stop_signal is not None:
         return Outcome(128 + stop_signal,
                        f"horarun: job stopped by {markers.signal_name(stop_signal)}",
-                       started=started)
+                       started=started, stopped=True)
     if start_expired:
         return Outcome(code or 1, f"horarun: job stopped: not every rank started within "
                                   f"{start_timeout:g} s", started=started)

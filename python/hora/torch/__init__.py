@@ -17,7 +17,7 @@ from hora.common.basics import (
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
     HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HoraTimeoutError,
-    HorovodInternalError)
+    HorovodInternalError, HostsUpdatedInterrupt)
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
@@ -31,20 +31,21 @@ from hora.torch.mpi_ops import (
 from hora.torch.optimizer import DistributedOptimizer
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
+from hora.torch import elastic  # noqa: E402  (hvd.elastic.run, after the names it uses)
+
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "Handle",
-    "HorovodInternalError", "HoraError", "HoraInternalError", "HoraMismatchError",
-    "HoraShutdownError", "HoraTimeoutError", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "SyncBatchNorm", "allgather", "allgather_async", "allgather_object", "allreduce",
-    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
-    "broadcast_optimizer_state", "broadcast_parameters", "build_info", "ccl_built", "cross_rank",
-    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "HoraError", "HoraInternalError",
+    "HoraMismatchError", "HoraShutdownError", "HoraTimeoutError", "Max", "Min", "Product",
+    "ReduceOp", "Sum", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
+    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "elastic", "broadcast_optimizer_state", "broadcast_parameters",
+    "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_homogeneous", "is_initialized", "join",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built",
-    "shutdown", "size", "sparse_allreduce_async", "start_timeline", "stop_timeline",
-    "synchronize",
-]
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "poll", "rank", "reducescatter", "reducescatter_async", "rocm_built", "shutdown", "size",
+    "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize"]

@@ -1,0 +1,107 @@
+"""``hvd.elastic.run``: runs a training function so that it resumes from the
+last commit whenever its world is (re)formed.
+
+Under an elastic ``horarun`` (which sets ``HORA_ELASTIC_STATE_DIR``) a
+world starts by loading the newest commit any host has on disk, or, on
+the first launch, by syncing rank 0's state. A lost rank
+(``HoraInternalError``) or a change of hosts (``HostsUpdatedInterrupt``)
+ends the processes with :data:`RESET_EXIT_CODE` once the last commit is
+on disk, and horarun launches the new world. Without an elastic horarun the
+function runs once, after a sync, and those exceptions propagate.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable
+
+from hora.common.elastic.notifications import HostUpdateListener
+from hora.common.elastic.store import CommitStore
+from hora.common.exceptions import HoraInternalError, HostsUpdatedInterrupt
+
+# A rank that leaves so that horarun forms a new world exits with this;
+# the runner imports it.
+RESET_EXIT_CODE = 79
+
+_listener: HostUpdateListener | None = None
+
+
+class _Job:
+    """What horarun told this process about the elastic job."""
+
+    def __init__(self, env: dict[str, str]):
+        from hora.common.basics import local_rank, rank
+        directory = env.get("HORA_ELASTIC_STATE_DIR")
+        self.store = CommitStore(directory, writer=local_rank() == 0) if directory else None
+        self.restarts = int(env.get("HORA_ELASTIC_RESTARTS", "0") or 0)
+        self.supervisor = env.get("HORA_ELASTIC_SUPERVISOR") if rank() == 0 else None
+
+    @property
+    def supervised(self) -> bool:
+        return self.store is not None
+
+
+def _restore_newest(state: Any, store: CommitStore) -> bool:
+    """Collective: loads the newest commit any host has (the lowest rank
+    holding it broadcasts it). False when there is none."""
+    from hora.common.basics import rank
+    from hora.common.ops import allgather_object, broadcast_object
+    commits = allgather_object(store.newest(), name="hora.elastic.commits")
+    newest = max(commits)
+    if newest == 0:
+        return False
+    source = commits.index(newest)
+    snapshot = store.load()[1] if rank() == source else None
+    snapshot = broadcast_object(snapshot, root_rank=source, name="hora.elastic.snapshot")
+    state.load_snapshot(snapshot)
+    state._commits = newest
+    state.restore()
+    return True
+
+
+def _leave(state: Any, job: _Job, why: str) -> None:
+    """Ends this process so that horarun forms the next world, once the last
+    commit is on this host's disk."""
+    from hora.common.basics import rank
+    try:
+        job.store.flush()
+    finally:
+        if rank() == 0:
+            print(f"hora.elastic: {why}; leaving for a new world from commit {state._commits}",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(RESET_EXIT_CODE)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates ``func(state, ...)``, Horovod's ``hvd.elastic.run``."""
+    @functools.wraps(func)
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
+        global _listener
+        job = _Job(dict(os.environ))
+        if job.supervisor is not None:
+            if _listener is None:
+                _listener = HostUpdateListener(job.supervisor)
+            _listener.register(state)
+        if not job.supervised:
+            state.sync()
+            return func(state, *args, **kwargs)
+        state._store = job.store
+        if not _restore_newest(state, job.store):
+            state.sync()
+        if job.restarts > 0:
+            state.on_reset()
+        try:
+            result = func(state, *args, **kwargs)
+        except HoraInternalError as error:
+            _leave(state, job, f"a rank was lost ({error})")
+        except HostsUpdatedInterrupt:
+            _leave(state, job, "the hosts changed")
+        from hora.common.ops import barrier
+        job.store.flush()
+        barrier()  # every rank is done before the commit is forgotten
+        job.store.clear()
+        state._store = None
+        return result
+    return wrapper

@@ -1,0 +1,141 @@
+"""State that survives a change of world: Horovod's ``State`` and
+``ObjectState``, with the committed copy also kept on disk so that it
+outlives the processes (see :mod:`hora.common.elastic.store`)."""
+
+from __future__ import annotations
+
+import copy
+import queue
+from typing import Any, Callable
+
+from hora.common.exceptions import HostsUpdatedInterrupt
+
+
+def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    from hora.common.ops import broadcast_object
+    return broadcast_object(obj, root_rank)
+
+
+def _rank() -> int:
+    from hora.common.basics import rank
+    return rank()
+
+
+class State:
+    """What a training loop must keep across a change of world: saved on
+    ``commit()``, put back by ``restore()``, made the same on every rank by
+    ``sync()``. Subclasses implement those three (as in Horovod), and
+    ``snapshot()`` / ``load_snapshot()`` for the copy kept on disk.
+
+    Args:
+        bcast_object: broadcasts a picklable object from a root rank
+            (default: ``hora.broadcast_object``).
+        get_rank: this process's rank (default: ``hora.rank``).
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None,
+                 get_rank: Callable[[], int] | None = None):
+        self._bcast_object = bcast_object or _broadcast_object
+        self._rank = get_rank or _rank
+        self._host_messages: queue.Queue = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._reset_callbacks: list[Callable[[], Any]] = []
+        self._commits = 0       # commits so far, counted across relaunches
+        self._store = None      # set by hora's run() under an elastic horarun
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
+        """Functions to call after the world changed (ranks lost or added),
+        for instance to rescale the learning rate to the new ``size()``."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self._host_messages = queue.Queue()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update_result: Any = None) -> None:
+        """Called (on rank 0) when horarun reports a change of hosts."""
+        self._host_messages.put((timestamp, update_result))
+
+    def commit(self) -> None:
+        """Saves the state, as the point training resumes from if a rank is
+        lost, and checks for host changes (raising ``HostsUpdatedInterrupt``
+        on every rank when there are). Under an elastic ``horarun`` the
+        committed state is also written to this host's disk, in the
+        background."""
+        self.save()
+        self._commits += 1
+        if self._store is not None:
+            self._store.write(self._commits, self.snapshot())
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raises ``HostsUpdatedInterrupt`` on every rank at once when horarun
+        has reported a change of hosts since the last check."""
+        newest = previous = self._last_updated_timestamp
+        while not self._host_messages.empty():
+            timestamp, _ = self._host_messages.get()
+            newest = max(newest, timestamp)
+        # rank 0 hears from horarun; everyone must raise at the same point
+        self._last_updated_timestamp = self._bcast_object(newest)
+        if self._last_updated_timestamp > previous:
+            raise HostsUpdatedInterrupt(False)
+
+    def save(self) -> None:
+        """Keeps a copy of the state as the last committed one."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Puts the last committed state back, undoing later changes."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Makes every rank's state rank 0's."""
+        raise NotImplementedError
+
+    def snapshot(self) -> Any:
+        """The last committed state as one picklable object, for the copy
+        kept on disk. ``State`` subclasses of one's own implement it (and
+        ``load_snapshot``) to survive the loss of every process."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement snapshot()/load_snapshot(), which hora "
+            f"needs to keep the committed state across a relaunch; use ObjectState or a "
+            f"framework's state class, or implement both")
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        """Makes ``snapshot`` (from :meth:`snapshot`) the last committed state;
+        ``restore()`` then applies it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement load_snapshot()")
+
+
+class ObjectState(State):
+    """State made of picklable Python objects, given as keyword arguments
+    and exposed as attributes (``state.epoch``, ``state.batch``)."""
+
+    def __init__(self, bcast_object: Callable[..., Any] | None = None,
+                 get_rank: Callable[[], int] | None = None, **kwargs: Any):
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: copy.deepcopy(getattr(self, name))
+                             for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def snapshot(self) -> Any:
+        return {"objects": self._saved_state}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        self._saved_state = dict(snapshot["objects"])
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, copy.deepcopy(value))

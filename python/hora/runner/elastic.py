@@ -1,0 +1,308 @@
+"""horarun's elastic mode: launches the job, and when a rank is lost or the
+hosts change, launches it again on what is there, up to ``--reset-limit``
+times. The ranks resume from their last ``commit()``
+(:mod:`hora.common.elastic`).
+
+Why relaunch rather than shrink in place: MPI has no portable way to take a
+rank into, or drop one from, a running job (ULFM is Open MPI only, and its
+shrink leaves the job without the lost rank's host for good), while every
+MPI launches a new job in well under a second. What survives the relaunch
+is the committed state, which each host keeps on local disk, so even the
+loss of every process loses at most the steps since the last commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import random
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Callable
+
+from hora.common.elastic.run import RESET_EXIT_CODE
+from hora.runner import hosts as hostlib
+
+# How often the discovery script is run while the job trains.
+DISCOVERY_INTERVAL_S = 1.0
+DISCOVERY_TIMEOUT_S = 30.0
+# A host whose ranks fail this many launches in a row (each failing within
+# HEALTHY_RUN_S of its start) is blacklisted: a crash now and then is the
+# program's, a host that fails every time is the host's.
+HOST_FAILURES_BEFORE_BLACKLIST = 3
+HEALTHY_RUN_S = 60.0
+LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
+
+
+@dataclasses.dataclass
+class ElasticOptions:
+    min_np: int
+    max_np: int | None
+    discovery_script: str | None
+    slots_per_host: int | None
+    reset_limit: int | None
+    cooldown_range: tuple[float, float] | None
+    elastic_timeout: float
+
+
+def state_directory(env: dict[str, str], command: list[str]) -> str:
+    """Where each host keeps the committed state: HORA_ELASTIC_STATE_DIR if
+    set, else a directory named after the working directory and the command,
+    so that launching the same command again resumes the same training."""
+    if env.get("HORA_ELASTIC_STATE_DIR"):
+        return env["HORA_ELASTIC_STATE_DIR"]
+    key = hashlib.sha256("\0".join([os.getcwd(), *command]).encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"hora-elastic-{os.geteuid()}", key)
+
+
+class Discovery:
+    """The hosts the job may use: the discovery script's, or a fixed list."""
+
+    def __init__(self, script: str | None, slots_per_host: int | None,
+                 fixed: list[hostlib.Host]):
+        self.script = script
+        self.slots_per_host = slots_per_host
+        self.fixed = fixed
+        self.last_error = ""
+
+    def hosts(self) -> list[hostlib.Host] | None:
+        """The current hosts, or None when the script failed (reason in
+        ``last_error``)."""
+        if self.script is None:
+            return list(self.fixed)
+        try:
+            done = subprocess.run([self.script], capture_output=True, text=True,
+                                  timeout=DISCOVERY_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            self.last_error = f"the host discovery script {self.script} failed: {error}"
+            return None
+        if done.returncode != 0:
+            self.last_error = (f"the host discovery script {self.script} exited with "
+                               f"{done.returncode}: {done.stderr.strip()[-500:]}")
+            return None
+        found = []
+        for line in done.stdout.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, sep, slots = line.partition(":")
+            if not sep:
+                slots = str(self.slots_per_host or 1)
+            try:
+                found.append(hostlib.parse_host_string(f"{name}:{slots}")[0])
+            except hostlib.HostError as error:
+                self.last_error = f"the host discovery script printed {line!r}: {error}"
+                return None
+        return found
+
+
+class Blacklist:
+    def __init__(self, cooldown_range: tuple[float, float] | None):
+        self.cooldown_range = cooldown_range
+        self.failures: dict[str, int] = {}
+        self.until: dict[str, float] = {}
+
+    def record(self, host: str, healthy: bool, log: Callable[[str], None]) -> None:
+        """Counts a failed launch against ``host``; a failure after a long
+        (healthy) run starts the count afresh."""
+        self.failures[host] = 0 if healthy else self.failures.get(host, 0) + 1
+        if self.failures[host] >= HOST_FAILURES_BEFORE_BLACKLIST:
+            self.failures[host] = 0
+            if self.cooldown_range is None:
+                self.until[host] = float("inf")
+                log(f"horarun: host {host} failed {HOST_FAILURES_BEFORE_BLACKLIST} launches in "
+                    f"a row; it is not used again")
+            else:
+                cooldown = random.uniform(*self.cooldown_range)
+                self.until[host] = time.monotonic() + cooldown
+                log(f"horarun: host {host} failed {HOST_FAILURES_BEFORE_BLACKLIST} launches in "
+                    f"a row; not used for the next {cooldown:.0f} s")
+
+    def usable(self, found: list[hostlib.Host]) -> list[hostlib.Host]:
+        now = time.monotonic()
+        return [h for h in found if self.until.get(h.name, 0) <= now]
+
+    def describe(self) -> str:
+        now = time.monotonic()
+        listed = sorted(name for name, until in self.until.items() if until > now)
+        return f" (blacklisted: {', '.join(listed)})" if listed else ""
+
+
+class Notifier:
+    """Tells rank 0 that the hosts changed, over a TCP connection it opens
+    to the address in HORA_ELASTIC_SUPERVISOR."""
+
+    def __init__(self, bind_host: str):
+        self._server = socket.create_server((bind_host, 0))
+        self._clients: list[socket.socket] = []
+        self._sent: bytes = b""  # what a late-connecting rank 0 must still hear
+        self._lock = threading.Lock()
+        self.address = f"{bind_host}:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="horarun-notifier").start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._clients.append(client)
+                if self._sent:
+                    try:
+                        client.sendall(self._sent)
+                    except OSError:
+                        self._clients.remove(client)
+
+    def notify(self) -> None:
+        line = f"hosts-updated {time.time():.6f}\n".encode()
+        with self._lock:
+            self._sent += line
+            for client in list(self._clients):
+                try:
+                    client.sendall(line)
+                except OSError:
+                    self._clients.remove(client)
+
+    def close(self) -> None:
+        self._server.close()
+        with self._lock:
+            for client in self._clients:
+                client.close()
+            self._clients.clear()
+
+
+def _capacity(found: list[hostlib.Host], max_np: int | None) -> int:
+    total = hostlib.total_slots(found)
+    return min(total, max_np) if max_np else total
+
+
+def _world(found: list[hostlib.Host], num_proc: int) -> list[hostlib.Host]:
+    """The hosts a job of ``num_proc`` ranks fills, in order."""
+    world, left = [], num_proc
+    for host in found:
+        if left <= 0:
+            break
+        world.append(hostlib.Host(host.name, min(host.slots, left)))
+        left -= host.slots
+    return world
+
+
+def _describe(world: list[hostlib.Host]) -> str:
+    return ", ".join(f"{h.name}:{h.slots}" for h in world)
+
+
+class _Watcher:
+    """While a job runs: runs discovery and notifies rank 0 once when the
+    usable hosts would make a different world (more ranks, or a host of the
+    job gone)."""
+
+    def __init__(self, discovery, blacklist, options, world, notifier, log):
+        self._stop = threading.Event()
+        self.changed = None
+        self._args = (discovery, blacklist, options, world, notifier, log)
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="horarun-discovery")
+        self._thread.start()
+
+    def _watch(self) -> None:
+        discovery, blacklist, options, world, notifier, log = self._args
+        size = hostlib.total_slots(world)
+        names = {h.name for h in world}
+        while not self._stop.wait(DISCOVERY_INTERVAL_S):
+            found = discovery.hosts()
+            if found is None:
+                continue
+            usable = blacklist.usable(found)
+            gone = names - {h.name for h in usable}
+            capacity = _capacity(usable, options.max_np)
+            if gone or capacity != size:
+                self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone
+                                else f"{'more' if capacity > size else 'fewer'} slots found "
+                                     f"({_describe(usable)})")
+                log(f"horarun: {self.changed}; the ranks re-form the world at their next "
+                    f"commit")
+                notifier.notify()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run(options: ElasticOptions, discovery: Discovery,
+        launch: Callable[[int, list[hostlib.Host] | None, dict[str, str]], object],
+        env: dict[str, str], command: list[str], log: Callable[[str], None],
+        first_np: int | None = None) -> int:
+    """The elastic loop. ``launch(num_proc, hosts, extra_env)`` runs one job
+    (hosts None: this machine) and returns its supervise.Outcome; the first
+    world has at most ``first_np`` ranks (-np), later ones as many as the
+    hosts hold, up to --max-np."""
+    blacklist = Blacklist(options.cooldown_range)
+    state_dir = state_directory(env, command)
+    resets = 0
+    while True:
+        found = _wait_for_capacity(options, discovery, blacklist, log)
+        if found is None:
+            return 1
+        num_proc = _capacity(found, options.max_np)
+        if resets == 0 and first_np is not None:
+            num_proc = max(min(num_proc, first_np), options.min_np)
+        world = _world(found, num_proc)
+        local = all(h.name in LOCAL_NAMES for h in world)
+        notifier = Notifier("127.0.0.1" if local else "0.0.0.0")
+        port = notifier.address.rsplit(":", 1)[1]
+        address = notifier.address if local else f"{socket.gethostname()}:{port}"
+        extra = {"HORA_ELASTIC_STATE_DIR": state_dir, "HORA_ELASTIC_RESTARTS": str(resets),
+                 "HORA_ELASTIC_SUPERVISOR": address}
+        watcher = _Watcher(discovery, blacklist, options, world, notifier, log)
+        started = time.monotonic()
+        try:
+            outcome = launch(num_proc, None if local else world, extra)
+        finally:
+            watcher.stop()
+            notifier.close()
+        if outcome.code == 0:
+            return 0
+        if outcome.stopped:
+            return outcome.code
+        failure = outcome.first_failure
+        if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
+            cause = watcher.changed or "the ranks asked for a new world"
+        else:
+            cause = outcome.message.removeprefix("horarun: ") or f"exit code {outcome.code}"
+            if failure is not None:
+                blacklist.record(failure.host, time.monotonic() - started > HEALTHY_RUN_S, log)
+        resets += 1
+        if options.reset_limit is not None and resets > options.reset_limit:
+            log(f"horarun: {cause}; the job has been reset {resets - 1} times "
+                f"(--reset-limit {options.reset_limit}), so it stops here")
+            return outcome.code or 1
+        log(f"horarun: elastic reset {resets}: {cause}; launching the next world")
+
+
+def _wait_for_capacity(options: ElasticOptions, discovery: Discovery, blacklist: Blacklist,
+                       log: Callable[[str], None]) -> list[hostlib.Host] | None:
+    """The usable hosts once they hold at least --min-np slots; None (after
+    saying why) when that does not happen within --elastic-timeout."""
+    deadline = time.monotonic() + options.elastic_timeout
+    waiting_said = False
+    while True:
+        found = discovery.hosts()
+        usable = blacklist.usable(found) if found is not None else []
+        if found is not None and hostlib.total_slots(usable) >= options.min_np:
+            return usable
+        if time.monotonic() >= deadline:
+            why = discovery.last_error if found is None else (
+                f"{hostlib.total_slots(usable)} slot(s) available{blacklist.describe()}")
+            log(f"horarun: fewer than --min-np {options.min_np} slots for "
+                f"{options.elastic_timeout:g} s (--elastic-timeout): {why}; stopping")
+            return None
+        if not waiting_said:
+            waiting_said = True
+            log(f"horarun: waiting for at least {options.min_np} slots "
+                f"(up to {options.elastic_timeout:g} s)")
+        time.sleep(DISCOVERY_INTERVAL_S)

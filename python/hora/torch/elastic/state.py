@@ -1,0 +1,122 @@
+"""``TorchState``: models, optimizers and ElasticSamplers among the state's
+attributes are saved, restored and synced with PyTorch's own state dicts;
+the other attributes as picklable objects."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from hora.common.elastic import ObjectState
+from hora.torch.elastic.sampler import ElasticSampler
+from hora.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+
+
+class _ModelState:
+    def __init__(self, model: torch.nn.Module):
+        self.value = model
+        self.saved: dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        self.saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self.saved)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class _OptimizerState:
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.value = optimizer
+        self.saved: dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _SamplerState:
+    def __init__(self, sampler: ElasticSampler):
+        self.value = sampler
+        self.saved: dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+
+def _handler(value: Any) -> Any:
+    if isinstance(value, torch.nn.Module):
+        return _ModelState(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerState(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerState(value)
+    return None
+
+
+class TorchState(ObjectState):
+    """Elastic state of a PyTorch training loop, Horovod's ``TorchState``:
+    ``TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)``. Every
+    keyword becomes an attribute; ``torch.nn.Module``, optimizer and
+    ``ElasticSampler`` values are kept through their state dicts, anything
+    else must be picklable."""
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
+        kwargs.update({k: v for k, v in (("model", model), ("optimizer", optimizer))
+                       if v is not None})
+        self._handlers: dict[str, Any] = {}
+        plain: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            handler = _handler(value)
+            if handler is None:
+                plain[name] = value
+            else:
+                self._handlers[name] = handler
+                setattr(self, name, value)
+        super().__init__(bcast_object=broadcast_object, **plain)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+    def snapshot(self) -> Any:
+        return {"objects": self._saved_state,
+                "handlers": {name: h.saved for name, h in self._handlers.items()}}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        super().load_snapshot(snapshot)
+        for name, saved in snapshot["handlers"].items():
+            if name not in self._handlers:
+                raise ValueError(f"TorchState: the committed state has {name!r}, which this "
+                                 f"state does not (was it created with other arguments?)")
+            self._handlers[name].saved = saved

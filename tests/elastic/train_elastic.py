@@ -1,0 +1,94 @@
+"""A small elastic PyTorch training run for the elastic tests: data that
+depends only on (epoch, batch, rank), SGD with momentum (so the optimizer's
+state must survive too), a commit every COMMIT_EVERY batches.
+
+HORA_TEST_STEP_SLEEP slows every step down by that many seconds.
+HORA_TEST_FAULT="<launch>:<rank>:<epoch>:<batch>:<how>" makes rank <rank> of
+launch number <launch> (HORA_ELASTIC_RESTARTS; "*" for every launch) fail
+before that batch: "kill" (SIGKILL), "raise" (an exception in the training
+code), or "in-commit" (SIGKILL while its next commit is being written). At
+the end every rank saves its parameters to HORA_TEST_OUT.rank<N>.pt.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hora.torch as hvd
+
+EPOCHS, BATCHES, COMMIT_EVERY = 3, 12, 4
+
+hvd.init()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0, resets=0)
+fault = os.environ.get("HORA_TEST_FAULT", "")
+step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
+launch = os.environ.get("HORA_ELASTIC_RESTARTS", "0")
+
+
+def on_reset():
+    state.resets += 1
+
+
+state.register_reset_callbacks([on_reset])
+
+
+def maybe_fail():
+    if not fault:
+        return
+    when, rank, epoch, batch, how = fault.split(":")
+    if when not in ("*", launch) or int(rank) != hvd.rank():
+        return
+    if (int(epoch), int(batch)) != (state.epoch, state.batch):
+        return
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "raise":
+        raise RuntimeError(f"injected failure at epoch {state.epoch} batch {state.batch}")
+    elif how == "in-commit":
+        write = state._store.write
+
+        def write_then_die(commit, snapshot):
+            write(commit, snapshot)
+            os.kill(os.getpid(), signal.SIGKILL)
+        state._store.write = write_then_die
+
+
+@hvd.elastic.run
+def train(state):
+    if hvd.rank() == 0:
+        print(f"world of {hvd.size()} from epoch {state.epoch} batch {state.batch} "
+              f"(launch {launch}, resets {state.resets})", flush=True)
+    while state.epoch < EPOCHS:
+        while state.batch < BATCHES:
+            maybe_fail()
+            time.sleep(step_sleep)
+            generator = torch.Generator().manual_seed(
+                state.epoch * 1000 + state.batch * 10 + hvd.rank())
+            x = torch.randn(16, 8, generator=generator)
+            y = x.sum(dim=1, keepdim=True)
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+            state.batch += 1
+            if state.batch % COMMIT_EVERY == 0:
+                state.commit()
+        state.batch = 0
+        state.epoch += 1
+        state.commit()
+
+
+train(state)
+out = os.environ.get("HORA_TEST_OUT")
+if out:
+    torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                "size": hvd.size(), "resets": state.resets}, f"{out}.rank{hvd.rank()}.pt")
+print(f"rank {hvd.rank()} done", file=sys.stderr, flush=True)

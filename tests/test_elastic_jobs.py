@@ -1,0 +1,180 @@
+"""Elastic training under horarun, end to end: ranks killed (SIGKILL, an
+exception, a kill while a commit is written; rank 0 too), the whole job
+lost and launched again, slots added and removed by host discovery, the
+reset limit and --min-np. Every recovered run must end with parameters
+bit-identical to an uninterrupted run of the same world size, on every
+rank (tests/elastic/train_elastic.py makes its data from (epoch, batch,
+rank) only)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "elastic", "train_elastic.py")
+TIMEOUT_S = 240
+
+
+def _start(args, env, cwd, extra_env=None):
+    environment = dict(env, **(extra_env or {}))
+    environment["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return subprocess.Popen([sys.executable, "-m", "hora.runner", *args],
+                            cwd=cwd, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(job):
+    try:
+        output, _ = job.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        output, _ = job.communicate()
+        pytest.fail(f"elastic job hung for {TIMEOUT_S} s:\n{output[-20000:]}")
+    return job.returncode, output
+
+
+def _horarun(args, env, cwd, extra_env=None):
+    return _finish(_start(args, env, cwd, extra_env))
+
+
+def _params(prefix, ranks):
+    return [torch.load(f"{prefix}.rank{r}.pt") for r in range(ranks)]
+
+
+def _assert_same(results, reference):
+    for r, result in enumerate(results):
+        for got, want in zip(result["params"], reference[0]["params"]):
+            assert torch.equal(got, want), f"rank {r} differs from the uninterrupted run"
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Parameters of uninterrupted 2- and 3-rank runs."""
+    folder = tmp_path_factory.mktemp("reference")
+    out = {}
+    for ranks in (2, 3):
+        prefix = str(folder / f"ref{ranks}")
+        code, output = _horarun(["-np", str(ranks), sys.executable, SCRIPT], _clean_env(), folder,
+                                {"HORA_TEST_OUT": prefix})
+        assert code == 0, output
+        out[ranks] = _params(prefix, ranks)
+        for result in out[ranks][1:]:
+            _assert_same([result], out[ranks])
+    return out
+
+
+def _clean_env():
+    """This environment without an enclosing MPI job's rank variables or the
+    test script's own settings."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HORA_TEST_",
+                                 "HORA_ELASTIC_"))}
+
+
+@pytest.fixture
+def job_env():
+    return _clean_env()
+
+
+@pytest.mark.parametrize("ranks,fault", [
+    (2, "0:1:1:6:kill"),       # SIGKILL of a rank mid-epoch
+    (2, "0:0:0:9:kill"),       # SIGKILL of rank 0
+    (2, "0:1:2:1:raise"),      # an exception in one rank's training code
+    (3, "0:0:1:5:in-commit"),  # SIGKILL of the writing rank while a commit is written
+])
+def test_a_lost_rank_resumes_from_the_last_commit(ranks, fault, references, job_env,
+                                                  tmp_path):
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", str(ranks), "--min-np", str(ranks), sys.executable, SCRIPT], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
+         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    assert "horarun: elastic reset 1:" in output, output
+    assert "elastic reset 2" not in output, output
+    results = _params(prefix, ranks)
+    _assert_same(results, references[ranks])
+    assert all(result["resets"] == 1 for result in results)
+    # a finished training forgets its commit: the next launch starts afresh
+    assert not os.path.exists(tmp_path / "state" / "state.pkl")
+
+
+def test_losing_every_process_resumes_when_launched_again(references, job_env, tmp_path):
+    # The same command line (a script of its own, so no other test shares its
+    # state directory) launched twice: the first launch dies for good.
+    script = str(tmp_path / "train_elastic.py")
+    shutil.copy(SCRIPT, script)
+    prefix = str(tmp_path / "out")
+    args = ["-np", "2", "--min-np", "2", "--reset-limit", "0", sys.executable, script]
+    code, output = _horarun(args, job_env, tmp_path,
+                            {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": "0:0:2:3:kill"})
+    assert code != 0 and "--reset-limit 0" in output, output
+    assert not os.path.exists(f"{prefix}.rank0.pt")
+    code, output = _horarun(args, job_env, tmp_path, {"HORA_TEST_OUT": prefix})
+    assert code == 0, output
+    assert "world of 2 from epoch 2 batch 0" in output, output
+    _assert_same(_params(prefix, 2), references[2])
+
+
+def test_the_reset_limit_ends_a_job_that_keeps_failing(job_env, tmp_path):
+    code, output = _horarun(
+        ["-np", "2", "--min-np", "2", "--reset-limit", "1", sys.executable, SCRIPT], job_env,
+        tmp_path, {"HORA_TEST_FAULT": "*:1:0:2:raise",
+                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code != 0, output
+    assert "horarun: elastic reset 1:" in output, output
+    assert "the job has been reset 1 times (--reset-limit 1), so it stops here" in output, output
+
+
+def _discovery(tmp_path, slots):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(slots)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    return str(script), hosts
+
+
+def test_too_few_slots_for_min_np_ends_the_job_with_the_reason(job_env, tmp_path):
+    script, _ = _discovery(tmp_path, "localhost:1\n")
+    started = time.monotonic()
+    code, output = _horarun(
+        ["-np", "2", "--min-np", "2", "--host-discovery-script", script, "--elastic-timeout",
+         "2", sys.executable, SCRIPT], job_env, tmp_path,
+        {"HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code != 0, output
+    assert ("fewer than --min-np 2 slots for 2 s (--elastic-timeout): 1 slot(s) available"
+            in output), output
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("first,later,ranks_after", [("localhost:1", "localhost:2", 2),
+                                                     ("localhost:2", "localhost:1", 1)])
+def test_discovery_grows_and_shrinks_the_world_at_a_commit(first, later, ranks_after, job_env,
+                                                          tmp_path):
+    script, hosts = _discovery(tmp_path, first + "\n")
+    prefix = str(tmp_path / "out")
+    job = _start(["-np", first.split(":")[1], "--min-np", "1", "--max-np", "2",
+                  "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.1",
+                  "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    lines = []
+    for line in job.stdout:  # once training runs, the hosts change
+        lines.append(line)
+        if "world of" in line:
+            hosts.write_text(later + "\n")
+            break
+    code, rest = _finish(job)
+    output = "".join(lines) + rest
+    assert code == 0, output
+    change = "more slots found" if ranks_after == 2 else "fewer slots found"
+    assert f"horarun: {change} (localhost:{ranks_after})" in output, output
+    assert f"world of {ranks_after} from epoch" in output, output
+    results = _params(prefix, ranks_after)
+    assert all(result["size"] == ranks_after and result["resets"] == 1 for result in results)
+    _assert_same(results[1:], results[:1])

@@ -1,0 +1,194 @@
+"""Unit tests of horarun's elastic mode: options, host discovery, the
+blacklist, the state directory, and the elastic loop with launches that
+are faked (the real thing runs in tests/test_elastic_jobs.py)."""
+
+import os
+
+import pytest
+
+from hora.common.elastic.run import RESET_EXIT_CODE
+from hora.runner import cli, elastic, markers, supervise
+from hora.runner.hosts import Host
+
+
+def _script(tmp_path, text, code=0):
+    path = tmp_path / "discover.sh"
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{text}EOF\nexit {code}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_elastic_options_turn_on_with_min_np_and_default_max_np_to_np():
+    args = cli.parse_args(["-np", "4", "--min-np", "2", "python", "train.py"])
+    assert args.elastic.min_np == 2 and args.elastic.max_np == 4
+    assert args.elastic.reset_limit is None and args.elastic.elastic_timeout == 600.0
+    assert cli.parse_args(["-np", "2", "python", "train.py"]).elastic is None
+
+
+def test_discovery_without_max_np_takes_every_slot():
+    args = cli.parse_args(["-np", "2", "--host-discovery-script", "./d.sh", "python", "t.py"])
+    assert args.elastic.max_np is None and args.elastic.min_np == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-np", "4", "--min-np", "3", "--max-np", "2"], "--max-np 2 is below --min-np 3"),
+    (["-np", "1", "--min-np", "2"], "-np 1 is below --min-np 2"),
+    (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "9", "3"],
+     "--blacklist-cooldown-range: MIN_S is above MAX_S"),
+])
+def test_contradictory_elastic_options_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args([*argv, "python", "train.py"])
+    assert message in capsys.readouterr().err
+
+
+def test_discovery_reads_hosts_with_and_without_slots(tmp_path):
+    script = _script(tmp_path, "# comment\nnode1:4\n\nnode2\n")
+    found = elastic.Discovery(script, slots_per_host=2, fixed=[]).hosts()
+    assert found == [Host("node1", 4), Host("node2", 2)]
+
+
+def test_discovery_failure_is_reported(tmp_path):
+    discovery = elastic.Discovery(_script(tmp_path, "", code=3), None, [])
+    assert discovery.hosts() is None
+    assert "exited with 3" in discovery.last_error
+    discovery = elastic.Discovery(_script(tmp_path, "node1:zero\n"), None, [])
+    assert discovery.hosts() is None and "'node1:zero'" in discovery.last_error
+
+
+def test_a_host_is_blacklisted_after_repeated_failures_for_its_cooldown(monkeypatch):
+    said = []
+    blacklist = elastic.Blacklist(cooldown_range=(5.0, 5.0))
+    now = [100.0]
+    monkeypatch.setattr(elastic.time, "monotonic", lambda: now[0])
+    hosts = [Host("a", 1), Host("b", 1)]
+    for _ in range(elastic.HOST_FAILURES_BEFORE_BLACKLIST - 1):
+        blacklist.record("a", healthy=False, log=said.append)
+    assert blacklist.usable(hosts) == hosts
+    blacklist.record("a", healthy=True, log=said.append)  # a long run forgives
+    for _ in range(elastic.HOST_FAILURES_BEFORE_BLACKLIST - 1):
+        blacklist.record("a", healthy=False, log=said.append)
+    assert blacklist.usable(hosts) == hosts and not said
+    blacklist.record("a", healthy=False, log=said.append)
+    assert blacklist.usable(hosts) == [Host("b", 1)]
+    assert "not used for the next 5 s" in said[0]
+    now[0] += 6
+    assert blacklist.usable(hosts) == hosts
+
+
+def test_the_state_directory_follows_the_command_unless_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    one = elastic.state_directory({}, ["python", "a.py"])
+    assert one == elastic.state_directory({}, ["python", "a.py"])
+    assert one != elastic.state_directory({}, ["python", "b.py"])
+    assert elastic.state_directory({"HORA_ELASTIC_STATE_DIR": "/x"}, ["python"]) == "/x"
+
+
+def _options(**overrides):
+    values = dict(min_np=1, max_np=2, discovery_script=None, slots_per_host=None,
+                  reset_limit=None, cooldown_range=None, elastic_timeout=1.0)
+    values.update(overrides)
+    return elastic.ElasticOptions(**values)
+
+
+def _failed(host="localhost", code=137):
+    outcome = f"code={code}" if code != 137 else "signal=SIGKILL"
+    marker = markers.Marker("exited", 1, host, outcome, 0.0)
+    return supervise.Outcome(code, f"horarun: rank 1 on host {host} failed first", marker)
+
+
+def test_the_loop_relaunches_after_a_failure_and_counts_resets():
+    launches, said = [], []
+    outcomes = [_failed(), _failed(code=RESET_EXIT_CODE), supervise.Outcome(0)]
+
+    def launch(num_proc, hosts, extra):
+        launches.append((num_proc, hosts, dict(extra)))
+        return outcomes[len(launches) - 1]
+
+    discovery = elastic.Discovery(None, None, [Host("localhost", 2)])
+    code = elastic.run(_options(), discovery, launch, {}, ["python", "t.py"], said.append)
+    assert code == 0
+    assert [n for n, _, _ in launches] == [2, 2, 2]
+    assert [extra["HORA_ELASTIC_RESTARTS"] for _, _, extra in launches] == ["0", "1", "2"]
+    assert all(hosts is None for _, hosts, _ in launches)  # this machine only
+    assert "elastic reset 1: rank 1 on host localhost failed first" in said[0]
+    assert "elastic reset 2: the ranks asked for a new world" in said[1]
+
+
+def test_the_loop_stops_at_the_reset_limit_and_on_ctrl_c():
+    said = []
+    discovery = elastic.Discovery(None, None, [Host("localhost", 2)])
+    code = elastic.run(_options(reset_limit=0), discovery, lambda *a: _failed(), {}, ["x"],
+                       said.append)
+    assert code == 137 and "(--reset-limit 0), so it stops here" in said[-1]
+    stopped = supervise.Outcome(130, "horarun: job stopped by SIGINT", stopped=True)
+    assert elastic.run(_options(), discovery, lambda *a: stopped, {}, ["x"], said.append) == 130
+
+
+def test_the_first_world_is_capped_at_np_and_at_least_min_np(tmp_path):
+    launches = []
+    script = _script(tmp_path, "localhost:4\n")
+    discovery = elastic.Discovery(script, None, [])
+
+    def launch(num_proc, hosts, extra):
+        launches.append(num_proc)
+        return supervise.Outcome(0)
+
+    elastic.run(_options(max_np=None, min_np=2), discovery, launch, {}, ["x"], print,
+                first_np=1)
+    assert launches == [2]
+
+
+def test_a_job_on_other_hosts_gets_their_world(tmp_path):
+    seen = []
+    discovery = elastic.Discovery(None, None, [Host("node1", 2), Host("node2", 2)])
+    elastic.run(_options(max_np=3), discovery,
+                lambda n, hosts, extra: seen.append((n, hosts, extra)) or supervise.Outcome(0),
+                {}, ["x"], print)
+    num_proc, hosts, extra = seen[0]
+    assert num_proc == 3 and hosts == [Host("node1", 2), Host("node2", 1)]
+    assert not extra["HORA_ELASTIC_SUPERVISOR"].startswith("127.0.0.1")
+
+
+def test_notifier_tells_a_rank_that_connects_after_the_change():
+    import socket
+    notifier = elastic.Notifier("127.0.0.1")
+    try:
+        notifier.notify()
+        host, port = notifier.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as connection:
+            line = connection.makefile("r").readline()
+        assert line.startswith("hosts-updated ")
+    finally:
+        notifier.close()
+
+
+def test_state_commit_survives_in_the_store(tmp_path):
+    from hora.common.elastic.state import ObjectState
+    from hora.common.elastic.store import CommitStore
+    store = CommitStore(str(tmp_path), writer=True)
+    state = ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0,
+                        epoch=1, data=[1, 2])
+    state._store = store
+    state.data.append(3)
+    state.commit()
+    state.epoch = 7
+    store.flush()
+    assert store.newest() == 1
+    again = ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0,
+                        epoch=0, data=[])
+    commit, snapshot = store.load()
+    again.load_snapshot(snapshot)
+    again.restore()
+    assert (commit, again.epoch, again.data) == (1, 1, [1, 2, 3])
+    store.clear()
+    assert store.newest() == 0 and not os.path.exists(store.path)
+
+
+def test_a_torn_state_file_counts_as_no_commit(tmp_path):
+    from hora.common.elastic.store import CommitStore
+    store = CommitStore(str(tmp_path), writer=True)
+    (tmp_path / "state.pkl").write_bytes(b"hora-elastic-state v1 commit=12")
+    assert store.newest() == 0
+
+
