@@ -106,8 +106,8 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "index.html").exists()
 
 
-PUBLIC_MODULES = ["hora", "hora.torch", "hora.tensorflow", "hora.tensorflow.keras",
-                  "hora.tensorflow.keras.callbacks"]
+PUBLIC_MODULES = ["hora", "hora.torch", "hora.torch.elastic", "hora.tensorflow",
+                  "hora.tensorflow.keras", "hora.tensorflow.keras.callbacks"]
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
@@ -139,6 +139,8 @@ def command_lines():
     from hora.timeline.__main__ import build_parser as timeline
     tools = [("horarun", horarun()), ("python -m hora.bench", bench()),
              ("python -m hora.timeline", timeline())]
+    from hora.bench.elastic import build_parser as elastic
+    tools.append(("python -m hora.bench elastic", elastic()))
     try:
         from hora.bench.torch_synthetic import build_parser as torch_synthetic
         tools.append(("python -m hora.bench torch-synthetic", torch_synthetic()))

@@ -178,3 +178,14 @@ def test_discovery_grows_and_shrinks_the_world_at_a_commit(first, later, ranks_a
     results = _params(prefix, ranks_after)
     assert all(result["size"] == ranks_after and result["resets"] == 1 for result in results)
     _assert_same(results[1:], results[:1])
+
+
+def test_the_elastic_example_trains(job_env, tmp_path):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "pytorch",
+                           "elastic_train_digits.py")
+    code, output = _horarun(
+        ["-np", "2", "--min-np", "1", sys.executable, example, "--epochs", "3"], job_env,
+        tmp_path, {"HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    accuracy = float(output.rsplit("final test accuracy ", 1)[1].split()[0])
+    assert accuracy > 0.8, output

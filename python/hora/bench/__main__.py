@@ -1,7 +1,7 @@
 """python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
-latency, fusion, autotune, idle, torch-synthetic and gpu-kernels.
+latency, fusion, autotune, idle, torch-synthetic, gpu-kernels and elastic.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -14,6 +14,9 @@ the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
 gpu-kernels (the CUDA kernels' throughput against a device-to-device copy, on
 one GPU, no launcher needed) too:
     python -m hora.bench gpu-kernels --help
+and elastic (recovery time after a lost rank, and the cost of commit(); it
+starts its own jobs, no launcher needed):
+    python -m hora.bench elastic --help
 """
 
 import argparse
@@ -228,8 +231,8 @@ def build_parser():
                                      description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
-                                                                    "gpu-kernels"],
-                        help="torch-synthetic and gpu-kernels have options of their own: "
+                                                                    "gpu-kernels", "elastic"],
+                        help="torch-synthetic, gpu-kernels and elastic have options of their own: "
                              "torch-synthetic --help, gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
@@ -256,6 +259,9 @@ def main(argv=None):
     if argv and argv[0] == "torch-synthetic":
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
+    if argv and argv[0] == "elastic":
+        from hora.bench import elastic  # launches its own jobs; needs torch
+        return elastic.main(argv[1:])
     if argv and argv[0] == "gpu-kernels":
         from hora.bench import gpu_kernels  # needs torch and a CUDA build
         return gpu_kernels.main(argv[1:])

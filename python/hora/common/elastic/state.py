@@ -49,6 +49,8 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Runs the reset callbacks (``hvd.elastic.run`` calls it in every
+        world after the first)."""
         self._host_messages = queue.Queue()
         for callback in self._reset_callbacks:
             callback()

@@ -50,9 +50,11 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.processed_num += len(indices) * self.num_replicas
 
     def state_dict(self) -> dict[str, Any]:
+        """The epoch and how many samples of it are processed."""
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continues from a :meth:`state_dict`, re-sharded over the current world."""
         self.epoch = state_dict["epoch"]
         self.processed_num = state_dict["processed_num"]
         self.reset()

@@ -62,6 +62,56 @@ class _SamplerState:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
 
 
+class _HostTensor:
+    """A tensor in a snapshot, as a NumPy array: pickling that writes the
+    array's memory straight to the file (protocol 5), without the GIL-bound
+    serialization torch uses for its own storages, so the background writer
+    leaves the training thread alone."""
+
+    __slots__ = ("array", "dtype", "shape")
+
+    def __init__(self, tensor: torch.Tensor):
+        tensor = tensor.detach().cpu().contiguous()
+        self.dtype = tensor.dtype
+        self.shape = tuple(tensor.shape)
+        if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: its bits
+            tensor = tensor.view(torch.int16)
+        self.array = tensor.numpy()
+
+    def __getstate__(self) -> Any:
+        return (self.array, str(self.dtype).replace("torch.", ""), self.shape)
+
+    def __setstate__(self, state: Any) -> None:
+        self.array, dtype, self.shape = state
+        self.dtype = getattr(torch, dtype)
+
+    def tensor(self) -> torch.Tensor:
+        t = torch.from_numpy(self.array)
+        if self.dtype == torch.bfloat16:
+            t = t.view(torch.bfloat16)
+        return t.reshape(self.shape)
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _HostTensor(value)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
+def _from_host(value: Any) -> Any:
+    if isinstance(value, _HostTensor):
+        return value.tensor()
+    if isinstance(value, dict):
+        return {k: _from_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_host(v) for v in value)
+    return value
+
+
 def _handler(value: Any) -> Any:
     if isinstance(value, torch.nn.Module):
         return _ModelState(value)
@@ -111,7 +161,7 @@ class TorchState(ObjectState):
 
     def snapshot(self) -> Any:
         return {"objects": self._saved_state,
-                "handlers": {name: h.saved for name, h in self._handlers.items()}}
+                "handlers": {name: _to_host(h.saved) for name, h in self._handlers.items()}}
 
     def load_snapshot(self, snapshot: Any) -> None:
         super().load_snapshot(snapshot)
@@ -119,4 +169,4 @@ class TorchState(ObjectState):
             if name not in self._handlers:
                 raise ValueError(f"TorchState: the committed state has {name!r}, which this "
                                  f"state does not (was it created with other arguments?)")
-            self._handlers[name].saved = saved
+            self._handlers[name].saved = _from_host(saved)
