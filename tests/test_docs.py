@@ -107,7 +107,8 @@ def test_mkdocs_build_strict(tmp_path):
 
 
 PUBLIC_MODULES = ["hora", "hora.torch", "hora.torch.elastic", "hora.tensorflow",
-                  "hora.tensorflow.keras", "hora.tensorflow.keras.callbacks"]
+                  "hora.tensorflow.elastic", "hora.tensorflow.keras",
+                  "hora.tensorflow.keras.callbacks", "hora.tensorflow.keras.elastic"]
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)

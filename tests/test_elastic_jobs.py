@@ -189,3 +189,21 @@ def test_the_elastic_example_trains(job_env, tmp_path):
     assert code == 0, output
     accuracy = float(output.rsplit("final test accuracy ", 1)[1].split()[0])
     assert accuracy > 0.8, output
+
+
+def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
+    pytest.importorskip("tensorflow")
+    import numpy as np
+    script = os.path.join(os.path.dirname(__file__), "elastic", "train_keras_elastic.py")
+    runs = {}
+    for label, fault in (("ref", ""), ("kill", "0:1:2:3")):
+        prefix = str(tmp_path / label)
+        code, output = _horarun(["-np", "2", "--min-np", "2", sys.executable, script], job_env,
+                                tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
+                                           "HORA_ELASTIC_STATE_DIR": str(tmp_path / label)})
+        assert code == 0, output
+        runs[label] = [np.load(f"{prefix}.rank{r}.npz") for r in range(2)]
+    assert "keras world of 2 from epoch 2" in output, output
+    reference = runs["ref"][0]
+    for weights in runs["ref"] + runs["kill"]:
+        assert all(np.array_equal(weights[k], reference[k]) for k in reference.files)

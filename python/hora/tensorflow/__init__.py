@@ -17,7 +17,9 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError)
+    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError,
+    HostsUpdatedInterrupt)
+from hora.tensorflow import elastic
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import allgather_object, broadcast_object
 from hora.tensorflow.gradient_tape import DistributedGradientTape
@@ -32,15 +34,15 @@ if TYPE_CHECKING:
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
-    "HorovodInternalError", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "Product", "ReduceOp", "Sum",
+    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
     "broadcast_object", "broadcast_variables", "build_info", "ccl_built", "cross_rank",
-    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",
-    "is_initialized", "join", "local_rank", "local_rank_op", "local_size", "local_size_op",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rank_op",
-    "reducescatter", "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
-]
+    "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+    "rank_op", "reducescatter", "rocm_built", "shutdown", "size", "size_op", "start_timeline",
+    "stop_timeline"]
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *args: Any,

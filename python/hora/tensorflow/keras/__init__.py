@@ -18,17 +18,17 @@ from hora.common.compression import Compressor
 from hora.common.exceptions import HoraError, HoraMismatchError
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import allgather_object, broadcast_object
-from hora.tensorflow.keras import callbacks
+from hora.tensorflow.keras import callbacks, elastic
 from hora.tensorflow.keras.optimizer import DistributedOptimizer, distributed_class
 from hora.tensorflow.mpi_ops import allgather, allreduce, broadcast, join
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HoraError", "HoraMismatchError",
     "Max", "Min", "Product", "ReduceOp", "Sum", "allgather", "allgather_object", "allreduce",
-    "broadcast", "broadcast_object", "callbacks", "cross_rank", "cross_size", "init",
-    "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "shutdown", "size",
-    "start_timeline", "stop_timeline"]
+    "broadcast", "broadcast_object", "callbacks", "cross_rank", "cross_size", "elastic", "init",
+    "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "rank", "shutdown", "size", "start_timeline",
+    "stop_timeline"]
 
 
 def load_model(filepath: str | os.PathLike[str],
