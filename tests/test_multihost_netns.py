@@ -184,3 +184,59 @@ def test_dead_rank_on_a_remote_host_is_named(fake_hosts):
     assert done.returncode == 128 + signal.SIGKILL, done.stdout
     assert "horarun: rank 1 on host ns-b failed first (killed by SIGKILL)" in done.stdout
     assert time.monotonic() - began < 30
+
+
+def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
+    """Every process of host ns-b (its rank and mpirun's daemon) is SIGKILLed
+    and ns-b leaves the discovery script's list: the job goes on with the
+    rank on ns-a from its last commit; ns-b listed again, the world grows
+    back to two ranks at a commit."""
+    pytest.importorskip("torch")
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("ns-a:1\nns-b:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.chmod(0o755)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HORA_TEST_"))}
+    env.update(HORA_TEST_STEP_SLEEP="0.15", HORA_TEST_OUT=str(tmp_path / "out"),
+               HORA_ELASTIC_STATE_DIR=str(tmp_path / "state"))
+    cmd = [sys.executable, "-m", "hora.runner", "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(discover),
+           "--supervisor-address", f"{fake_hosts.subnet}.254",
+           "--mpi-args", fake_hosts.mpi_args(), sys.executable,
+           str(ROOT / "elastic" / "train_elastic.py")]
+    job = subprocess.Popen(cmd, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines, worlds = [], 0
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if "world of 2 from" in line and worlds == 0:
+                worlds = 1
+                hosts_file.write_text("ns-a:1\n")
+                pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
+                                      capture_output=True, text=True).stdout.split()
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            elif "world of 1 from" in line and worlds == 1:
+                worlds = 2
+                hosts_file.write_text("ns-a:1\nns-b:1\n")
+        job.wait(timeout=JOB_TIMEOUT_SECONDS)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    output = "".join(lines)
+    assert job.returncode == 0, output[-20000:]
+    assert worlds == 2, output[-20000:]
+    assert "horarun: world 2: 1 rank(s) on ns-a:1" in output, output[-20000:]
+    assert "horarun: more slots found (ns-a:1, ns-b:1)" in output, output[-20000:]
+    assert "horarun: world 3: 2 rank(s) on ns-a:1, ns-b:1" in output, output[-20000:]
+    import torch
+    results = [torch.load(tmp_path / f"out.rank{r}.pt") for r in range(2)]
+    assert all(result["size"] == 2 and result["resets"] == 2 for result in results)
+    for got, want in zip(results[1]["params"], results[0]["params"]):
+        assert torch.equal(got, want)

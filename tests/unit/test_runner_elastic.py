@@ -112,7 +112,8 @@ def test_the_loop_relaunches_after_a_failure_and_counts_resets():
     assert [extra["HORA_ELASTIC_RESTARTS"] for _, _, extra in launches] == ["0", "1", "2"]
     assert all(hosts is None for _, hosts, _ in launches)  # this machine only
     assert "elastic reset 1: rank 1 on host localhost failed first" in said[0]
-    assert "elastic reset 2: the ranks asked for a new world" in said[1]
+    assert "horarun: world 2: 2 rank(s) on localhost:2" in said[1]
+    assert "elastic reset 2: rank 1 on host localhost left for a new world" in said[2]
 
 
 def test_the_loop_stops_at_the_reset_limit_and_on_ctrl_c():

@@ -137,3 +137,11 @@ def test_the_same_message_after_a_rank_started_is_not_retried():
         sys.exit(213)
     """)
     assert outcome.code == 213 and not outcome.transient_start_failure
+
+
+def test_a_clean_mpirun_exit_with_ranks_unaccounted_for_is_a_failure():
+    from hora.runner import supervise
+    outcome = supervise._outcome(0, 3, {0, 1, 2}, None, None, False, 60, exited={0, 2})
+    assert outcome.code == 1
+    assert "rank(s) 1 never reported how they ended" in outcome.message
+    assert supervise._outcome(0, 2, {0, 1}, None, None, False, 60, exited={0, 1}).code == 0

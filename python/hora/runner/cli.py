@@ -145,6 +145,9 @@ def build_parser():
                          metavar=("MIN_S", "MAX_S"),
                          help="a host whose ranks keep failing is left out for a random time "
                               "in this range (default: for good)")
+    elastic.add_argument("--supervisor-address", metavar="ADDRESS",
+                         help="address at which rank 0 reaches horarun for host-change notices "
+                              "when the job spans other hosts (default: this host's name)")
     elastic.add_argument("--elastic-timeout", type=_non_negative(float), metavar="S",
                          default=600.0,
                          help="how long to wait for --min-np slots before giving up "
@@ -226,7 +229,7 @@ def parse_args(argv=None):
             min_np=min_np, max_np=max_np, discovery_script=args.host_discovery_script,
             slots_per_host=args.slots_per_host, reset_limit=args.reset_limit,
             cooldown_range=None if cooldown is None else tuple(cooldown),
-            elastic_timeout=args.elastic_timeout)
+            elastic_timeout=args.elastic_timeout, supervisor_address=args.supervisor_address)
     for item in args.env:
         name = item.partition("=")[0]
         if not name or not (name[0].isalpha() or name[0] == "_") or \

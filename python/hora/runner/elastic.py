@@ -47,6 +47,9 @@ class ElasticOptions:
     reset_limit: int | None
     cooldown_range: tuple[float, float] | None
     elastic_timeout: float
+    # where rank 0 reaches horarun when the job spans other hosts (default:
+    # this host's name)
+    supervisor_address: str | None = None
 
 
 def state_directory(env: dict[str, str], command: list[str]) -> str:
@@ -252,10 +255,13 @@ def run(options: ElasticOptions, discovery: Discovery,
         if resets == 0 and first_np is not None:
             num_proc = max(min(num_proc, first_np), options.min_np)
         world = _world(found, num_proc)
+        if resets > 0:
+            log(f"horarun: world {resets + 1}: {num_proc} rank(s) on {_describe(world)}")
         local = all(h.name in LOCAL_NAMES for h in world)
         notifier = Notifier("127.0.0.1" if local else "0.0.0.0")
         port = notifier.address.rsplit(":", 1)[1]
-        address = notifier.address if local else f"{socket.gethostname()}:{port}"
+        address = notifier.address if local else \
+            f"{options.supervisor_address or socket.gethostname()}:{port}"
         extra = {"HORA_ELASTIC_STATE_DIR": state_dir, "HORA_ELASTIC_RESTARTS": str(resets),
                  "HORA_ELASTIC_SUPERVISOR": address}
         watcher = _Watcher(discovery, blacklist, options, world, notifier, log)
@@ -271,7 +277,8 @@ def run(options: ElasticOptions, discovery: Discovery,
             return outcome.code
         failure = outcome.first_failure
         if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
-            cause = watcher.changed or "the ranks asked for a new world"
+            cause = watcher.changed or (f"rank {failure.rank} on host {failure.host} left for a "
+                                        f"new world (a peer was lost)")
         else:
             cause = outcome.message.removeprefix("horarun: ") or f"exit code {outcome.code}"
             if failure is not None:
@@ -281,7 +288,7 @@ def run(options: ElasticOptions, discovery: Discovery,
             log(f"horarun: {cause}; the job has been reset {resets - 1} times "
                 f"(--reset-limit {options.reset_limit}), so it stops here")
             return outcome.code or 1
-        log(f"horarun: elastic reset {resets}: {cause}; launching the next world")
+        log(f"horarun: elastic reset {resets}: {cause}")
 
 
 def _wait_for_capacity(options: ElasticOptions, discovery: Discovery, blacklist: Blacklist,

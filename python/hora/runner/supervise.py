@@ -115,6 +115,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     job = _Job(proc)
     started, first_failure, stop_signal, start_expired = set(), None, None, False
+    exited = set()
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
@@ -125,7 +126,9 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         elif kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
-            elif value.failed and stop_signal is None and not start_expired:
+            elif value.event == "exited":
+                exited.add(value.rank)
+            if value.failed and stop_signal is None and not start_expired:
                 # Markers from different hosts can arrive out of order (a
                 # peer that lost its connection may report before the host
                 # of the rank that died does): the earliest exit is the cause.
@@ -179,7 +182,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
             proc.kill()
 
     outcome = _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
-                       start_timeout)
+                       start_timeout, exited)
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
@@ -191,7 +194,8 @@ def _rank_list(ranks):
     return ", ".join(map(str, ranks))
 
 
-def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout):
+def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout,
+             exited=None):
     started = frozenset(started)
     if stop_signal is not None:
         return Outcome(128 + stop_signal,
@@ -216,6 +220,13 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
     if code < 0:
         return Outcome(128 - code, f"horarun: mpirun was killed by {markers.signal_name(-code)}",
                        started=started)
+    missing = sorted(set(range(num_proc)) - set(exited if exited is not None else range(num_proc)))
+    if code == 0 and missing:
+        # mpirun can end "successfully" after losing a host whose daemon
+        # and ranks were killed outright: their ends were never reported.
+        return Outcome(1, f"horarun: mpirun ended, but rank(s) {_rank_list(missing)} never "
+                          f"reported how they ended (was their host lost?); the job did not "
+                          f"finish", started=started)
     if code != 0:
         return Outcome(code, f"horarun: job failed with exit code {code}", started=started)
     return Outcome(0, "", started=started)
