@@ -3,11 +3,13 @@ depends only on (epoch, batch, rank), SGD with momentum (so the optimizer's
 state must survive too), a commit every COMMIT_EVERY batches.
 
 HORA_TEST_STEP_SLEEP slows every step down by that many seconds.
-HORA_TEST_FAULT="<launch>:<rank>:<epoch>:<batch>:<how>" makes rank <rank> of
-launch number <launch> (HORA_ELASTIC_RESTARTS; "*" for every launch) fail
-before that batch: "kill" (SIGKILL), "raise" (an exception in the training
-code), or "in-commit" (SIGKILL while its next commit is being written). At
-the end every rank saves its parameters to HORA_TEST_OUT.rank<N>.pt.
+HORA_TEST_FAULT="<launch>:<rank>:<epoch>:<batch>:<how>[,...]" makes rank
+<rank> of launch number <launch> (HORA_ELASTIC_RESTARTS; "*" for every
+launch) fail before that batch: "kill" (SIGKILL), "raise" (an exception in
+the training code), or "in-commit" (SIGKILL while its next commit is being
+written); "at-start" SIGKILLs it right after hvd.init(), while the world
+forms (epoch and batch ignored). At the end every rank saves its
+parameters to HORA_TEST_OUT.rank<N>.pt.
 """
 
 import os
@@ -29,9 +31,12 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Li
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0, resets=0)
-fault = os.environ.get("HORA_TEST_FAULT", "")
+faults = [f.split(":") for f in os.environ.get("HORA_TEST_FAULT", "").split(",") if f]
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
 launch = os.environ.get("HORA_ELASTIC_RESTARTS", "0")
+for when, rank, _, _, how in faults:
+    if how == "at-start" and when in ("*", launch) and int(rank) == hvd.rank():
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def on_reset():
@@ -42,10 +47,12 @@ state.register_reset_callbacks([on_reset])
 
 
 def maybe_fail():
-    if not fault:
-        return
-    when, rank, epoch, batch, how = fault.split(":")
-    if when not in ("*", launch) or int(rank) != hvd.rank():
+    for fault in faults:
+        fail(*fault)
+
+
+def fail(when, rank, epoch, batch, how):
+    if when not in ("*", launch) or int(rank) != hvd.rank() or how == "at-start":
         return
     if (int(epoch), int(batch)) != (state.epoch, state.batch):
         return
