@@ -2,11 +2,13 @@
 # Builds the C++ tests (tests/cpp: the engine's pieces with ranks as threads)
 # against the core's static libraries and runs them with ctest. Needs what
 # `pip install .` needs (a C++17 compiler, CMake, an MPI: the one in .venv
-# when PATH has .venv/bin first) plus GoogleTest: an installed one is used;
+# if there is one) plus GoogleTest: an installed one is used;
 # otherwise Debian's googletest source package is downloaded with apt-get
 # (no root needed) and unpacked into the build folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The MPI that `bash scripts/install.sh` put into .venv, if there is one.
+if [ -x .venv/bin/mpicc ]; then export PATH="$PWD/.venv/bin:$PATH"; fi
 build="${HORA_CPP_BUILD:-build/cpp-tests}"
 mkdir -p "$build"
 gtest_args=()

@@ -16,6 +16,7 @@
 #include "hora/cuda/device_runtime.h"
 #include "runtime.h"
 #include "tensor_arg.h"
+#include "waiting.h"
 
 namespace py = pybind11;
 
@@ -51,11 +52,10 @@ struct PyWork {
   DataType dtype = DataType::kFloat32;
   bool enqueued = false;
 
+  // A handle dropped while its collective runs must not block the caller
+  // (the other ranks may submit it only later): its views are adopted.
   ~PyWork() {
-    if (enqueued && !work->Poll()) {
-      py::gil_scoped_release release;
-      work->Wait();
-    }
+    if (enqueued && !work->Poll()) Adopt(std::move(work), std::move(input), std::move(output));
   }
 };
 
@@ -267,6 +267,7 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
 py::object Submit(int kind, py::handle tensors, py::handle names, const CollectiveOptions& o,
                   py::handle outputs) {
   std::shared_ptr<Engine> engine = CurrentEngine();
+  ReleaseFinishedOrphans();
   if (PyList_Check(tensors.ptr())) {
     return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs);
   }
@@ -285,11 +286,7 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
 
 // Gives up the GIL only when the collective is still running: most waits
 // of a backward pass find their result already there.
-Status WaitFor(PyWork& w) {
-  if (w.work->Poll()) return w.work->Wait();
-  py::gil_scoped_release release;
-  return w.work->Wait();
-}
+Status WaitFor(PyWork& w) { return WaitInterruptibly(*w.work); }
 
 }  // namespace
 
@@ -353,10 +350,7 @@ void RegisterOps(py::module_& m) {
     std::shared_ptr<Work> work;
     Status status = engine->Join(&work);
     if (!status.ok()) ThrowStatus(status);
-    {
-      py::gil_scoped_release release;
-      status = work->Wait();
-    }
+    status = WaitInterruptibly(*work);
     if (!status.ok()) ThrowStatus(status);
     return work->join_last_rank;
   });

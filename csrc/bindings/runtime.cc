@@ -5,6 +5,7 @@
 
 #include "errors.h"
 #include "hora/core/runtime.h"
+#include "waiting.h"
 
 namespace py = pybind11;
 
@@ -27,8 +28,11 @@ void Init(py::object comm_handle, py::object ranks) {
 }
 
 void Shutdown() {
-  py::gil_scoped_release release;
-  runtime::Shutdown();
+  {
+    py::gil_scoped_release release;
+    runtime::Shutdown();
+  }
+  ReleaseFinishedOrphans();  // shutdown completed every collective in flight
 }
 
 const Topology& Topo() { return CurrentEngine()->topology(); }
@@ -66,8 +70,11 @@ void RegisterRuntime(py::module_& m) {
   m.def("is_homogeneous", [] { return Topo().homogeneous; });
   m.def("transport", [] { return CurrentEngine()->TransportDescription(); });
   m.def("finalize_mpi", [] {
-    py::gil_scoped_release release;
-    runtime::FinalizeProcess();
+    {
+      py::gil_scoped_release release;
+      runtime::FinalizeProcess();
+    }
+    ReleaseFinishedOrphans();
   });
   m.def("build_info", &BuildInfo);
   m.def(

@@ -148,6 +148,16 @@ TensorArg::TensorArg(py::handle owner, uintptr_t data, std::vector<int64_t> shap
   keep_alive_ = py::reinterpret_borrow<py::object>(owner);
 }
 
+TensorArg::TensorArg(TensorArg&& other) noexcept
+    : view_(std::move(other.view_)),
+      buffer_(other.buffer_),
+      has_buffer_(other.has_buffer_),
+      managed_(other.managed_),
+      keep_alive_(std::move(other.keep_alive_)) {
+  other.has_buffer_ = false;
+  other.managed_ = nullptr;
+}
+
 TensorArg::~TensorArg() { Release(); }
 
 void TensorArg::Release() {

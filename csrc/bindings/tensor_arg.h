@@ -33,6 +33,9 @@ class TensorArg {
   // export); `owner` is kept alive until the collective has completed.
   TensorArg(pybind11::handle owner, uintptr_t data, std::vector<int64_t> shape, DataType dtype);
   ~TensorArg();
+  // Moves the references to the caller's memory (a dropped handle's views
+  // outlive its Python object until the engine is done with them).
+  TensorArg(TensorArg&& other) noexcept;
   TensorArg(const TensorArg&) = delete;
   TensorArg& operator=(const TensorArg&) = delete;
 

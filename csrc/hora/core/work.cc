@@ -33,6 +33,18 @@ Status Work::Wait() {
   return status_;
 }
 
+bool Work::WaitFor(std::chrono::milliseconds timeout, Status* status) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!done_) {
+    g_waiters.fetch_add(1, std::memory_order_relaxed);
+    done_cv_.wait_for(lock, timeout, [this] { return done_; });
+    g_waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (!done_) return false;
+  }
+  *status = status_;
+  return true;
+}
+
 bool Work::Poll() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return done_;

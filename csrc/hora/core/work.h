@@ -2,6 +2,7 @@
 // A Work is the caller's handle on one submitted collective. The engine
 // completes it exactly once, with OK or the Status that explains the
 // failure; Wait() gives that Status back on the caller's thread.
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -24,6 +25,10 @@ class Work {
   // Blocks until completion. Never call with the Python GIL held unless
   // Poll() has returned true (then it returns at once).
   Status Wait();
+  // Waits at most `timeout`; true (and the Status in `status`) once done.
+  // Lets a caller that holds the GIL between slices run Python's signal
+  // handlers while it waits.
+  bool WaitFor(std::chrono::milliseconds timeout, Status* status);
   bool Poll() const;
   // How many threads of this process are blocked in Wait() right now; the
   // engine keeps cycling back to back only while someone is waiting.

@@ -26,15 +26,22 @@ class Handle:
                     work.wait()
                 self._result = self._finish(self._works)
             except BaseException as error:
+                if not self._settled():
+                    # interrupted (Ctrl-C, a signal handler): the collective
+                    # is still in flight and this handle can be waited on again
+                    raise
                 self._error = error
-                raise
             finally:
-                for work in self._works:
-                    work.release()
-                self._done = True
+                if self._settled():
+                    for work in self._works:
+                        work.release()
+                    self._done = True
         if self._error is not None:
             raise self._error
         return self._result
+
+    def _settled(self) -> bool:
+        return all(work.poll() for work in self._works)
 
     def _poll(self) -> bool:
         return self._done or all(work.poll() for work in self._works)
@@ -60,12 +67,12 @@ class OneHandle(Handle):
             try:
                 self._works.wait_release()  # gives up the GIL while it waits
             except BaseException as error:
+                if not self._works.poll():
+                    raise  # interrupted: still in flight, can be waited on again
                 self._error = error
-                raise
-            finally:
-                # only now: another thread polling meanwhile must not see
-                # the result as ready while the engine still writes it
-                self._done = True
+            # only now: another thread polling meanwhile must not see the
+            # result as ready while the engine still writes it
+            self._done = True
         if self._error is not None:
             raise self._error
         return self._result
@@ -95,6 +102,8 @@ def wait_all(handles: Iterable[Handle]) -> list[Any]:
         try:
             results.append(handle._wait())
         except BaseException as error:  # raised once all are done
+            if not handle._poll():
+                raise  # an interrupted wait ends at once
             results.append(None)
             if first_error is None:
                 first_error = error

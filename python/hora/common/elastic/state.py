@@ -67,7 +67,7 @@ class State:
         background."""
         self.save()
         self._commits += 1
-        if self._store is not None:
+        if self._store is not None and self._store.writer:
             self._store.write(self._commits, self.snapshot())
         self.check_host_updates()
 

@@ -30,9 +30,11 @@ class _ModelState:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _OptimizerState:
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.value = optimizer
+class _StateDictState:
+    """Kept through the value's own ``state_dict`` / ``load_state_dict``."""
+
+    def __init__(self, value: Any):
+        self.value = value
         self.saved: dict[str, Any] = {}
         self.save()
 
@@ -42,22 +44,13 @@ class _OptimizerState:
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
+
+class _OptimizerState(_StateDictState):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class _SamplerState:
-    def __init__(self, sampler: ElasticSampler):
-        self.value = sampler
-        self.saved: dict[str, Any] = {}
-        self.save()
-
-    def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(copy.deepcopy(self.saved))
-
+class _SamplerState(_StateDictState):
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
 
