@@ -2,6 +2,7 @@
 never blocks its caller, and a blocked wait gives way to Python's signal
 handlers (Ctrl-C) within a fraction of a second."""
 
+import contextlib
 import gc
 import signal
 import time
@@ -14,6 +15,20 @@ import hora
 
 class Interrupted(Exception):
     pass
+
+
+@contextlib.contextmanager
+def interrupted_after(seconds):
+    """A SIGALRM handler that raises Interrupted, armed for ``seconds``."""
+    def interrupt(signum, frame):
+        raise Interrupted()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_dropped_handle_does_not_block(rank, size):
@@ -52,19 +67,11 @@ def test_a_blocked_wait_runs_signal_handlers(rank, size):
         pytest.skip("needs a peer that submits late")
     x = np.full(3, rank + 1.0)
     if rank == 0:
-        def interrupt(signum, frame):
-            raise Interrupted()
-        previous = signal.signal(signal.SIGALRM, interrupt)
-        try:
-            handle = hora.allreduce_async(x, name="waits.late", op=hora.Sum)
-            signal.setitimer(signal.ITIMER_REAL, 0.3)
-            started = time.monotonic()
-            with pytest.raises(Interrupted):
-                hora.synchronize(handle)
-            assert time.monotonic() - started < 1.0  # handlers run within 100 ms
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+        handle = hora.allreduce_async(x, name="waits.late", op=hora.Sum)
+        started = time.monotonic()
+        with interrupted_after(0.3), pytest.raises(Interrupted):
+            hora.synchronize(handle)
+        assert time.monotonic() - started < 1.0  # handlers run within 100 ms
         assert not hora.poll(handle)
     hora.barrier()  # only now do the others submit
     if rank != 0:
@@ -78,17 +85,9 @@ def test_an_interrupted_in_place_wait_keeps_the_handle(rank, size):
         pytest.skip("needs a peer that submits late")
     x = np.full(3, rank + 1.0)
     if rank == 0:
-        def interrupt(signum, frame):
-            raise Interrupted()
-        previous = signal.signal(signal.SIGALRM, interrupt)
-        try:
-            handle = hora.allreduce_async_(x, name="waits.late.inplace", op=hora.Sum)
-            signal.setitimer(signal.ITIMER_REAL, 0.3)
-            with pytest.raises(Interrupted):
-                hora.synchronize(handle)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+        handle = hora.allreduce_async_(x, name="waits.late.inplace", op=hora.Sum)
+        with interrupted_after(0.3), pytest.raises(Interrupted):
+            hora.synchronize(handle)
     hora.barrier()
     if rank != 0:
         handle = hora.allreduce_async_(x, name="waits.late.inplace", op=hora.Sum)
