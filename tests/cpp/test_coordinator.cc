@@ -124,7 +124,7 @@ TEST(Coordinator, JoinedRanksContributeToAllreduceOnly) {
   std::vector<Response> ready = coordinator.TakeReady(joined);
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_FALSE(ready[0].is_error());
-  EXPECT_EQ(ready[0].contributors, 2);
+  EXPECT_EQ(ready[0].contributors, 3);  // an Average divides by size(), as in Horovod
 
   coordinator.Add(From(0, "g", {4}, CollectiveKind::kAllgather));
   coordinator.Add(From(2, "g", {4}, CollectiveKind::kAllgather));
@@ -133,6 +133,15 @@ TEST(Coordinator, JoinedRanksContributeToAllreduceOnly) {
   EXPECT_EQ(ready[0].error,
             "allgather 'g' cannot run while rank 1 has called join(); only allreduce accepts "
             "joined ranks");
+}
+
+TEST(Coordinator, AverageOverContributorsIsAnOptIn) {
+  Coordinator coordinator(3, /*average_over_contributors=*/true);
+  coordinator.Add(From(0, "w", {4}));
+  coordinator.Add(From(2, "w", {4}));
+  const std::vector<Response> ready = coordinator.TakeReady({false, true, false});
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].contributors, 2);
 }
 
 TEST(Coordinator, StalledNamesTheMissingRanks) {

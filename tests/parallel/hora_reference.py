@@ -60,8 +60,10 @@ def _trunc_divide(values, divisor):
     return np.sign(values) * (np.abs(values) // divisor)
 
 
-def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0):
+def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0, divisor=None):
     """The reduction of ``arrays`` (one per contributing rank) as hora defines it.
+    An Average divides by ``divisor`` (default: the number of arrays; the
+    world size while ranks have joined).
 
     Integers reduce exactly and Average truncates toward zero; bool Sum/Max
     is logical or and Min/Product logical and; float16 and bfloat16 are
@@ -70,8 +72,8 @@ def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0):
     end, so they are exact whenever the true result is representable.
     """
     dtype = resolve_dtype(dtype)
-    n = len(arrays)
-    assert n > 0
+    n = len(arrays) if divisor is None else divisor
+    assert len(arrays) > 0
     stack = np.stack([np.asarray(a) for a in arrays])
     if dtype == np.bool_:
         if op in (hora.Sum, hora.Max):

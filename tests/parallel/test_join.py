@@ -1,6 +1,9 @@
 """join(): ranks that run out of data early take part in the other ranks'
-allreduces with neutral values until every rank has joined."""
+allreduces with neutral values until every rank has joined. As in Horovod
+(and DDP), an Average still divides by size(); HORA_JOIN_AVERAGE=contributors
+divides by the ranks that submitted instead."""
 
+import os
 import time
 
 import numpy as np
@@ -54,8 +57,8 @@ def test_joined_ranks_are_neutral_for_every_op(rank, size):
         contributors = range(i, size)
         for k, ((dtype, op), result) in enumerate(zip(STEP_SPECS, results)):
             everyone = inputs_of(f"{tag}.{i}.{k}", contributors, (5,), dtype)
-            # Average divides by the number of ranks that contributed
-            assert_reduced(result, reduce_reference(everyone, op, dtype), op)
+            # Average divides by size(): the joined ranks count as zeros
+            assert_reduced(result, reduce_reference(everyone, op, dtype, divisor=size), op)
     assert 0 <= last < size
 
 
@@ -71,8 +74,35 @@ def test_single_tensor_average_with_joined_ranks(rank, size):
     hora.join()
     for i, result in enumerate(results):
         contributors = list(range(i, size))
-        mean = sum(r + 1 for r in contributors) / len(contributors)
+        mean = sum(r + 1 for r in contributors) / size
         np.testing.assert_allclose(result, np.full(3, 2.0 * mean, np.float32), rtol=1e-6)
+
+
+@pytest.fixture
+def average_over_contributors():
+    """hora re-initialized with HORA_JOIN_AVERAGE=contributors."""
+    hora.shutdown()
+    os.environ["HORA_JOIN_AVERAGE"] = "contributors"
+    try:
+        hora.init()
+        yield
+    finally:
+        hora.shutdown()
+        del os.environ["HORA_JOIN_AVERAGE"]
+        hora.init()
+
+
+def test_average_over_contributors_is_an_opt_in(rank, size, average_over_contributors):
+    tag = "join.contributors"
+    results = []
+    for i in range(rank + 1):
+        x = np.full(3, float(rank + 1), np.float32)
+        results.append(hora.allreduce(x, name=f"{tag}.{i}", op=hora.Average))
+    hora.join()
+    for i, result in enumerate(results):
+        contributors = list(range(i, size))
+        mean = sum(r + 1 for r in contributors) / len(contributors)
+        np.testing.assert_allclose(result, np.full(3, mean, np.float32), rtol=1e-6)
 
 
 def test_join_without_work(rank, size):

@@ -108,6 +108,14 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       return Invalid(kernels, "one of auto, generic, avx2, avx512");
     }
   }
+  const Source join_average = Find(lookup, "HORA_JOIN_AVERAGE", nullptr);
+  if (join_average.value != nullptr) {
+    const std::string value = join_average.value;
+    if (value != "size" && value != "contributors") {
+      return Invalid(join_average, "size or contributors");
+    }
+    result.join_average_over_contributors = value == "contributors";
+  }
   bool stall_disabled = false;
   HORA_RETURN_IF_ERROR(ReadBool(
       Find(lookup, "HORA_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE"), &stall_disabled));
@@ -146,6 +154,7 @@ std::string Config::Describe() const {
        << " cache_capacity=" << cache_capacity
        << " allreduce_algorithm=" << AllreduceAlgorithmName(allreduce_algorithm)
        << " small_allreduce_bytes=" << small_allreduce_bytes << " shm_slot_bytes=" << shm_slot_bytes
+       << " join_average=" << (join_average_over_contributors ? "contributors" : "size")
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
        << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"
        << " stall_shutdown=" << stall_shutdown_seconds << "s" << (autotune ? " autotune=on" : "")

@@ -33,6 +33,10 @@ struct Config {
   // Which host this rank counts as (default: ranks sharing memory form a
   // host). Lets one machine stand in for several in tests.
   std::string hostname;
+  // What an Average divides by while ranks have joined: the world size, as
+  // in Horovod and DDP (joined ranks count as zeros), or, with
+  // HORA_JOIN_AVERAGE=contributors, the ranks that submitted the tensor.
+  bool join_average_over_contributors = false;
   // Element-wise kernel set: auto, generic, avx2, avx512.
   std::string cpu_kernels = "auto";
   // While a caller waits for a result, and this long after, engines run

@@ -39,7 +39,7 @@ Controller::Controller(Communicator* comm, const Config& config, Timeline* timel
       previous_joined_(comm->size(), false),
       timeline_(timeline) {
   if (comm_->rank() == 0) {
-    coordinator_.reset(new Coordinator(comm_->size()));
+    coordinator_.reset(new Coordinator(comm_->size(), config.join_average_over_contributors));
     stalls_.reset(new StallInspector(config));
   }
 }

@@ -290,7 +290,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   }
 
   response.cacheable = ResponseCache::Cacheable(first);
-  response.contributors = static_cast<int32_t>(ranks.size());
+  response.contributors = static_cast<int32_t>(average_over_contributors_ ? ranks.size() : size_);
   if (kind == CollectiveKind::kAllgather) {
     response.first_dims.resize(size_);
     for (int r = 0; r < size_; ++r) response.first_dims[r] = p.by_rank[r].shape[0];

@@ -16,7 +16,10 @@ namespace hora {
 
 class Coordinator {
  public:
-  explicit Coordinator(int size) : size_(size), last_submitted_(size) {}
+  // `average_over_contributors`: an Average while ranks have joined divides
+  // by the ranks that submitted the tensor instead of the world size.
+  explicit Coordinator(int size, bool average_over_contributors = false)
+      : size_(size), average_over_contributors_(average_over_contributors), last_submitted_(size) {}
 
   void Add(const Request& request);
   // Responses for every tensor that each rank outside `joined` has
@@ -59,6 +62,7 @@ class Coordinator {
   Response Decide(const std::string& name, const Pending& p, const std::vector<bool>& joined) const;
 
   int size_;
+  bool average_over_contributors_;
   int64_t next_order_ = 0;
   std::unordered_map<std::string, Pending> table_;
   std::map<int64_t, std::string> arrival_;

@@ -54,8 +54,9 @@ struct Response {
   // Decided once by the coordinator so that every rank, including one that
   // did not submit the tensor, makes the same response-cache entry.
   bool cacheable = false;
-  // Ranks whose real data enters the reduction (the others joined and add
-  // neutral values); the divisor of Average.
+  // The divisor of Average: the world size (ranks that have joined add
+  // neutral values, zeros for a sum), or with HORA_JOIN_AVERAGE=contributors
+  // the ranks whose real data enters the reduction.
   int32_t contributors = 0;
 
   bool is_error() const { return error_code != StatusCode::kOk; }

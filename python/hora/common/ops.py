@@ -242,9 +242,9 @@ def barrier() -> None:
 
 def join() -> int:
     """Marks this rank as out of data. Until every rank has joined, this rank
-    takes part in other ranks' allreduces with neutral values (zeros for sums,
-    so an Average is taken over the ranks that contributed). Returns the rank
-    that joined last."""
+    takes part in other ranks' allreduces with neutral values (zeros for
+    sums; an Average still divides by ``size()``, as in Horovod, unless
+    ``HORA_JOIN_AVERAGE=contributors``). Returns the rank that joined last."""
     return submission.join()
 
 

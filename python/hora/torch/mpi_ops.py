@@ -414,8 +414,8 @@ def barrier(process_set: None = None) -> None:
 def join(device: int = -1) -> int:
     """Marks this rank as out of data and returns the rank that joined last,
     once every rank has joined. Meanwhile this rank takes part in the other
-    ranks' allreduces with zeros (an Average is taken over the ranks that
-    contributed). ``device`` is accepted for Horovod compatibility: a
+    ranks' allreduces with zeros (an Average still divides by ``size()``, as
+    in Horovod, unless ``HORA_JOIN_AVERAGE=contributors``). ``device`` is accepted for Horovod compatibility: a
     joined rank's GPU zeros go to the GPU this process already uses for
     hora (else the one matching its local rank). Raises ``ValueError`` for
     a negative device other than -1."""
