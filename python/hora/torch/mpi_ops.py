@@ -415,9 +415,10 @@ def join(device: int = -1) -> int:
     """Marks this rank as out of data and returns the rank that joined last,
     once every rank has joined. Meanwhile this rank takes part in the other
     ranks' allreduces with zeros (an Average still divides by ``size()``, as
-    in Horovod, unless ``HORA_JOIN_AVERAGE=contributors``). ``device`` is accepted for Horovod compatibility: a
-    joined rank's GPU zeros go to the GPU this process already uses for
-    hora (else the one matching its local rank). Raises ``ValueError`` for
+    in Horovod, unless ``HORA_JOIN_AVERAGE=contributors``). ``device`` is
+    accepted for Horovod compatibility: a joined rank's GPU zeros go to the
+    GPU this process already uses for hora (else the one matching its local
+    rank). Raises ``ValueError`` for
     a negative device other than -1."""
     if device is not None and int(device) < -1:
         raise ValueError(f"join(device={device}): device must be -1 (CPU) or a GPU index")
