@@ -11,25 +11,25 @@ const char* ExceptionClassName(StatusCode code) {
     case StatusCode::kInternal: return "HoraInternalError";
     case StatusCode::kTimeout: return "HoraTimeoutError";
     case StatusCode::kShutdown: return "HoraShutdownError";
+    case StatusCode::kInvalidArgument: return "HoraInvalidArgumentError";
+    case StatusCode::kTypeError: return "HoraTypeError";
     default: return "HoraError";
   }
+}
+
+[[noreturn]] void Throw(const char* class_name, const std::string& message) {
+  py::object cls = py::module_::import("hora.common.exceptions").attr(class_name);
+  PyErr_SetString(cls.ptr(), message.c_str());
+  throw py::error_already_set();
 }
 
 }  // namespace
 
 void ThrowStatus(const Status& status) {
-  switch (status.code()) {
-    case StatusCode::kInvalidArgument: throw py::value_error(status.message());
-    case StatusCode::kTypeError: throw py::type_error(status.message());
-    default: break;
-  }
-  py::object cls =
-      py::module_::import("hora.common.exceptions").attr(ExceptionClassName(status.code()));
-  PyErr_SetString(cls.ptr(), status.message().c_str());
-  throw py::error_already_set();
+  Throw(ExceptionClassName(status.code()), status.message());
 }
 
-void ThrowValueError(const std::string& message) { throw py::value_error(message); }
-void ThrowTypeError(const std::string& message) { throw py::type_error(message); }
+void ThrowValueError(const std::string& message) { Throw("HoraInvalidArgumentError", message); }
+void ThrowTypeError(const std::string& message) { Throw("HoraTypeError", message); }
 
 }  // namespace hora

@@ -21,6 +21,10 @@ bool DtypeFromFormat(const char* format, Py_ssize_t itemsize, DataType* out) {
     case 'e': *out = DataType::kFloat16; return true;
     case 'f': *out = DataType::kFloat32; return true;
     case 'd': *out = DataType::kFloat64; return true;
+    case 'H':
+      if (itemsize != 2) return false;
+      *out = DataType::kUInt16;
+      return true;
     case 'h':
     case 'i':
     case 'l':
@@ -47,9 +51,9 @@ bool DtypeFromDlpack(const dlpack::DataType& t, DataType* out) {
       }
       return false;
     case dlpack::kUInt:
-      if (t.bits == 8) {
-        *out = DataType::kUInt8;
-        return true;
+      switch (t.bits) {
+        case 8: *out = DataType::kUInt8; return true;
+        case 16: *out = DataType::kUInt16; return true;
       }
       return false;
     case dlpack::kFloat:
@@ -88,9 +92,9 @@ bool DtypeFromTypestr(const std::string& typestr, DataType* out) {
       }
       return false;
     case 'u':
-      if (bytes == 1) {
-        *out = DataType::kUInt8;
-        return true;
+      switch (bytes) {
+        case 1: *out = DataType::kUInt8; return true;
+        case 2: *out = DataType::kUInt16; return true;
       }
       return false;
     case 'i':

@@ -48,6 +48,18 @@ TEST(CollectivePlan, AverageDividesFloatsByContributorsAndIntegersSeparately) {
   EXPECT_FALSE(plan.scales());
 }
 
+TEST(CollectivePlan, ScaledIntegersFoldTheAverageIntoThePostFactor) {
+  Response r = Make(CollectiveKind::kAllreduce, DataType::kInt32, {10});
+  r.op = ReduceOp::kAverage;
+  r.prescale = 2.0;
+  r.postscale = 3.0;
+  r.contributors = 4;
+  const CollectivePlan plan = PlanCollective(r, r.shape, 0, 4);
+  EXPECT_DOUBLE_EQ(plan.prescale, 2.0);
+  EXPECT_DOUBLE_EQ(plan.post_factor, 0.75);
+  EXPECT_EQ(plan.divisor, 1);
+}
+
 TEST(CollectivePlan, AllgatherWithRaggedFirstDimensions) {
   Response r = Make(CollectiveKind::kAllgather, DataType::kFloat32, {2, 3, 5});
   r.first_dims = {2, 0, 7};

@@ -19,7 +19,7 @@ try:
 except ImportError:  # pragma: no cover - ml_dtypes is a test requirement
     BFLOAT16 = None
 
-ALL_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, "bfloat16",
+ALL_DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, "bfloat16",
               np.float32, np.float64, np.bool_]
 
 

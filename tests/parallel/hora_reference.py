@@ -65,7 +65,10 @@ def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0, divisor=Non
     An Average divides by ``divisor`` (default: the number of arrays; the
     world size while ranks have joined).
 
-    Integers reduce exactly and Average truncates toward zero; bool Sum/Max
+    Integers reduce exactly and Average truncates toward zero; scaled
+    integers are scaled as Horovod scales them: each input times prescale in
+    float64, truncated, then reduced, then times postscale (divided by n for
+    Average) in float64 and truncated; bool Sum/Max
     is logical or and Min/Product logical and; float16 and bfloat16 are
     widened to float32, reduced and rounded once. Floating-point references
     are computed in float64 (or float32 for the half types) and cast at the
@@ -82,8 +85,13 @@ def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0, divisor=Non
             return np.logical_and.reduce(stack, axis=0)
         raise ValueError(f"no bool reference for {op!r}")
     if np.issubdtype(dtype, np.integer):
-        assert prescale == 1.0 and postscale == 1.0
+        scaled = prescale != 1.0 or postscale != 1.0
         wide = stack.astype(np.int64)
+        if prescale != 1.0:
+            wide = np.trunc(stack.astype(np.float64) * prescale).astype(np.int64)
+        if scaled and op in (hora.Sum, hora.Average):
+            factor = postscale / n if op == hora.Average else postscale
+            return np.trunc(wide.sum(axis=0) * factor).astype(np.int64).astype(dtype)
         if op == hora.Sum:
             result = wide.sum(axis=0)
         elif op == hora.Average:
@@ -96,7 +104,9 @@ def reduce_reference(arrays, op, dtype, prescale=1.0, postscale=1.0, divisor=Non
             result = wide.prod(axis=0)
         else:
             raise ValueError(f"no integer reference for {op!r}")
-        return np.asarray(result).astype(dtype)
+        if postscale != 1.0:
+            result = np.trunc(result * postscale)
+        return np.asarray(result).astype(np.int64).astype(dtype)
     work = np.float32 if dtype.name in HALF_NAMES else np.float64
     wide = stack.astype(work) * work(prescale)
     if op in (hora.Sum, hora.Average):

@@ -64,7 +64,7 @@ def test_duplicate_name_in_flight(rank, size):
         assert "already in flight" in str(rejection)
 
 
-@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64, np.complex64,
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.complex64,
                                    np.complex128, np.longdouble, object, "U3"],
                          ids=lambda d: np.dtype(d).name)
 def test_unsupported_dtype(dtype, rank, size):
@@ -207,9 +207,9 @@ def test_average_on_bool(rank, size):
     check_usable("errors.bool_average", size)
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int64, np.bool_],
-                         ids=lambda d: np.dtype(d).name)
-def test_scale_factors_need_floats(dtype, rank, size):
+@pytest.mark.parametrize("dtype", [np.bool_], ids=lambda d: np.dtype(d).name)
+def test_scale_factors_refuse_bool(dtype, rank, size):
+    # integers are scaled as Horovod scales them (test_scaling.py); bools cannot be
     x = np.zeros(4, dtype)
     name = f"errors.scale.{np.dtype(dtype).name}"
     with pytest.raises(ValueError, match="scale"):
@@ -259,7 +259,7 @@ def test_failed_group_leaves_nothing_behind(rank, size):
     with pytest.raises(ValueError):
         hora.grouped_allreduce_([np.zeros(3, np.float32), readonly], name=name, op=hora.Sum)
     with pytest.raises(TypeError):
-        hora.grouped_allreduce([np.zeros(3, np.float32), np.zeros(2, np.uint16)], name=name,
+        hora.grouped_allreduce([np.zeros(3, np.float32), np.zeros(2, np.uint32)], name=name,
                                op=hora.Sum)
     results = hora.grouped_allreduce([np.ones(3, np.float32), np.ones(2, np.float32)],
                                      name=name, op=hora.Sum)

@@ -1,4 +1,5 @@
-"""prescale_factor and postscale_factor on floating-point tensors."""
+"""prescale_factor and postscale_factor: floating-point tensors, and integers scaled as
+Horovod scales them (in float64, truncated toward zero)."""
 
 import numpy as np
 import pytest
@@ -92,3 +93,43 @@ def test_scaling_with_min_max_product(rank, size):
     assert_same(got_max, reduce_reference(everyone, hora.Max, np.float32, -2.0, 1.0))
     assert_same(got_min, reduce_reference(everyone, hora.Min, np.float32, 1.0, 0.5))
     assert_same(got_prod, reduce_reference(everyone, hora.Product, np.float32, 2.0, 0.5))
+
+
+INT_DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64]
+INT_FACTORS = [(1.0, 0.5), (3.0, 1.0), (1.5, 0.3)]
+
+
+@pytest.mark.parametrize("op", [hora.Sum, hora.Average, hora.Max], ids=["Sum", "Average", "Max"])
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=dtype_name)
+def test_integers_scaled_as_horovod(dtype, op, rank, size):
+    tag = f"scale.int.{dtype_name(dtype)}.{int(op)}"
+    # in flight together, so they are fused and staged
+    handles = [hora.allreduce_async(rank_input(f"{tag}.{k}", rank, (9,), dtype),
+                                    name=f"{tag}.{k}", op=op, prescale_factor=pre,
+                                    postscale_factor=post)
+               for k, (pre, post) in enumerate(INT_FACTORS)]
+    for k, ((pre, post), handle) in enumerate(zip(INT_FACTORS, handles)):
+        result = hora.synchronize(handle)
+        assert result.dtype == np.dtype(dtype)
+        expected = reduce_reference(inputs_of(f"{tag}.{k}", range(size), (9,), dtype), op,
+                                    dtype, pre, post)
+        assert_same(result, expected)
+
+
+def test_integer_average_truncates_toward_zero(rank, size):
+    # Horovod: trunc(post / size * sum), so -5 averaged by 2 ranks is -2
+    x = np.array([5 if rank == 0 else 0, -5 if rank == 0 else 0, 7], np.int32)
+    got = hora.allreduce(x, name="scale.int.trunc", op=hora.Average, postscale_factor=1.0 / 3)
+    sums = np.array([5, -5, 7 * size], np.float64)
+    assert_same(got, np.trunc(sums * ((1.0 / 3) / size)).astype(np.int32))
+
+
+def test_integer_reducescatter_scaled(rank, size):
+    tag = "scale.int.reducescatter"
+    shape = (2 * size + 1, 2)
+    x = rank_input(tag, rank, shape, np.int32)
+    got = hora.reducescatter(x, name=tag, op=hora.Average, prescale_factor=2.5,
+                             postscale_factor=0.75)
+    everyone = inputs_of(tag, range(size), shape, np.int32)
+    assert_same(got, reducescatter_block(
+        reduce_reference(everyone, hora.Average, np.int32, 2.5, 0.75), rank, size))

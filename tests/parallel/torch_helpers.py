@@ -9,7 +9,8 @@ import torch
 from conftest import ALL_DTYPES, rank_input, resolve_dtype
 
 TORCH_DTYPES = {
-    "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+    "uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
+    "int32": torch.int32,
     "int64": torch.int64, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "float32": torch.float32, "float64": torch.float64, "bool": torch.bool,
 }

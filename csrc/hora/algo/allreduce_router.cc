@@ -82,8 +82,6 @@ AllreducePath AllreduceRouter::Choose(int64_t bytes) const {
 
 Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
                             double prescale, double factor) {
-  const bool floating = IsFloatingPoint(dtype);
-  if (!floating) prescale = factor = 1.0;
   const bool half = IsHalf(dtype);
   // What the transport reduces: half types are widened to float32.
   const DataType wire = half ? DataType::kFloat32 : dtype;

@@ -46,6 +46,7 @@ void DivideInPlace(void* buf, int64_t count, DataType dtype, int64_t divisor) {
     case DataType::kUInt8: DivideTyped<uint8_t>(buf, count, divisor); return;
     case DataType::kInt8: DivideTyped<int8_t>(buf, count, divisor); return;
     case DataType::kInt16: DivideTyped<int16_t>(buf, count, divisor); return;
+    case DataType::kUInt16: DivideTyped<uint16_t>(buf, count, divisor); return;
     case DataType::kInt32: DivideTyped<int32_t>(buf, count, divisor); return;
     case DataType::kInt64: DivideTyped<int64_t>(buf, count, divisor); return;
     default: ScaleCopy(buf, buf, count, dtype, 1.0 / static_cast<double>(divisor)); return;
@@ -57,6 +58,7 @@ void FillNeutral(void* buf, int64_t count, DataType dtype, ReduceOp op) {
     case DataType::kUInt8: FillTyped<uint8_t>(buf, count, op); return;
     case DataType::kInt8: FillTyped<int8_t>(buf, count, op); return;
     case DataType::kInt16: FillTyped<int16_t>(buf, count, op); return;
+    case DataType::kUInt16: FillTyped<uint16_t>(buf, count, op); return;
     case DataType::kInt32: FillTyped<int32_t>(buf, count, op); return;
     case DataType::kInt64: FillTyped<int64_t>(buf, count, op); return;
     case DataType::kFloat32: FillTyped<float>(buf, count, op); return;

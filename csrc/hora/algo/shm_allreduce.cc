@@ -59,7 +59,7 @@ Status ShmAllreduce::Run(const PieceMap& map, DataType dtype, ReduceOp op, doubl
   const KernelSet& k = Kernels();
   const int64_t element = DataTypeSize(dtype);
   const int64_t count = map.total();
-  const bool scale = IsFloatingPoint(dtype) && factor != 1.0;
+  const bool scale = factor != 1.0;
   // A chunk is cut into size_ sub-slices of whole 64-byte lines where the
   // chunk is large enough.
   const int64_t line = std::max<int64_t>(1, 64 / element);

@@ -8,6 +8,7 @@ int64_t DataTypeSize(DataType dtype) {
     case DataType::kInt8:
     case DataType::kBool: return 1;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16: return 2;
     case DataType::kInt32:
@@ -23,6 +24,7 @@ const char* DataTypeName(DataType dtype) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";

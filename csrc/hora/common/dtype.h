@@ -18,8 +18,9 @@ enum class DataType : uint8_t {
   kFloat32 = 7,
   kFloat64 = 8,
   kBool = 9,
+  kUInt16 = 10,
 };
-constexpr int kNumDataTypes = 10;
+constexpr int kNumDataTypes = 11;
 
 int64_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

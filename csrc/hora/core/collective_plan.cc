@@ -24,7 +24,11 @@ std::vector<int64_t> InBytes(const std::vector<int64_t>& elements, int64_t eleme
 }
 
 DataType WireType(DataType dtype, bool on_gpu) {
-  if (on_gpu) return dtype == DataType::kInt16 ? DataType::kInt32 : dtype;
+  if (on_gpu) {
+    // NCCL has no 16-bit integers: they travel as int32.
+    const bool narrow_int = dtype == DataType::kInt16 || dtype == DataType::kUInt16;
+    return narrow_int ? DataType::kInt32 : dtype;
+  }
   return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ? DataType::kFloat32 : dtype;
 }
 
@@ -34,7 +38,11 @@ CollectivePlan PlanCollective(const Response& r, const std::vector<int64_t>& inp
   plan.wire = WireType(r.dtype, r.on_gpu);
   const bool reduces =
       r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
-  if (reduces && IsFloatingPoint(r.dtype)) {
+  // Integers scaled by the user are scaled as Horovod scales them (in
+  // double precision, truncated, the Average folded into the post factor);
+  // an unscaled integer Average is an exact integer division.
+  const bool scaled = r.prescale != 1.0 || r.postscale != 1.0;
+  if (reduces && (IsFloatingPoint(r.dtype) || scaled)) {
     plan.prescale = r.prescale;
     plan.post_factor = r.postscale;
     if (r.op == ReduceOp::kAverage) plan.post_factor /= r.contributors;

@@ -48,10 +48,8 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
                      "op=Average is not defined for bool tensors; use Sum (logical or), "
                      "Min or Product (logical and)");
     }
-    if (!IsFloatingPoint(in.dtype) && (r.prescale != 1.0 || r.postscale != 1.0)) {
-      return Invalid(r, std::string("prescale_factor/postscale_factor need a floating-point "
-                                    "tensor, got ") +
-                            DataTypeName(in.dtype));
+    if (in.dtype == DataType::kBool && (r.prescale != 1.0 || r.postscale != 1.0)) {
+      return Invalid(r, "prescale_factor/postscale_factor cannot scale a bool tensor");
     }
   }
   if (r.kind == CollectiveKind::kBroadcast && (r.root < 0 || r.root >= size)) {
@@ -84,11 +82,13 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
 
 Status EqualSplits(const Request& r, const TensorView& in, int size, std::vector<int64_t>* splits) {
   if (in.shape.empty() || in.shape[0] % size != 0) {
+    // Horovod's words first: code matches on them
     return Invalid(r,
-                   "first dimension " +
+                   "splits not provided, but first dimension of tensor is not an even multiple "
+                   "of the number of workers (first dimension " +
                        (in.shape.empty() ? std::string("(scalar)") : std::to_string(in.shape[0])) +
-                       " is not divisible by " + std::to_string(size) +
-                       " ranks; pass splits to say how many rows go to each rank");
+                       ", " + std::to_string(size) +
+                       " ranks); pass splits to say how many rows go to each rank");
   }
   splits->assign(size, in.shape[0] / size);
   return Status::OK();

@@ -73,6 +73,8 @@ __global__ void ScaledCopyKernel(TaskBatch batch, double scale, int64_t divisor)
       using C = typename Traits<In>::Compute;
       const C v = Traits<In>::Load(src[i]) * static_cast<C>(scale);
       dst[i] = Traits<Out>::Store(static_cast<typename Traits<Out>::Compute>(v));
+    } else if (scale != 1.0) {
+      dst[i] = static_cast<Out>(static_cast<double>(src[i]) * scale);
     } else {
       dst[i] = static_cast<Out>(static_cast<int64_t>(src[i]) / divisor);
     }
@@ -162,7 +164,7 @@ cudaError_t SameType(const CopyTask* tasks, int num_tasks, double scale, int64_t
 cudaError_t ScaledCopy(const CopyTask* tasks, int num_tasks, DataType in, DataType out,
                        double scale, int64_t divisor, cudaStream_t stream) {
   if (divisor < 1) return cudaErrorInvalidValue;
-  const bool plain = in == out && (IsFloatingPoint(in) ? scale == 1.0 : divisor == 1);
+  const bool plain = in == out && scale == 1.0 && (IsFloatingPoint(in) || divisor == 1);
   if (plain) {
     const int64_t element = DataTypeSize(in);
     return InBatches(
@@ -178,6 +180,7 @@ cudaError_t ScaledCopy(const CopyTask* tasks, int num_tasks, DataType in, DataTy
       case DataType::kUInt8: return SameType<uint8_t>(tasks, num_tasks, scale, divisor, stream);
       case DataType::kInt8: return SameType<int8_t>(tasks, num_tasks, scale, divisor, stream);
       case DataType::kInt16: return SameType<int16_t>(tasks, num_tasks, scale, divisor, stream);
+      case DataType::kUInt16: return SameType<uint16_t>(tasks, num_tasks, scale, divisor, stream);
       case DataType::kInt32: return SameType<int32_t>(tasks, num_tasks, scale, divisor, stream);
       case DataType::kInt64: return SameType<int64_t>(tasks, num_tasks, scale, divisor, stream);
       case DataType::kFloat16: return SameType<F16>(tasks, num_tasks, scale, divisor, stream);
@@ -192,6 +195,10 @@ cudaError_t ScaledCopy(const CopyTask* tasks, int num_tasks, DataType in, DataTy
     return LaunchScaled<int16_t, int32_t>(tasks, num_tasks, scale, divisor, stream);
   if (in == D::kInt32 && out == D::kInt16)
     return LaunchScaled<int32_t, int16_t>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kUInt16 && out == D::kInt32)
+    return LaunchScaled<uint16_t, int32_t>(tasks, num_tasks, scale, divisor, stream);
+  if (in == D::kInt32 && out == D::kUInt16)
+    return LaunchScaled<int32_t, uint16_t>(tasks, num_tasks, scale, divisor, stream);
   if (in == D::kFloat16 && out == D::kFloat32)
     return LaunchScaled<F16, float>(tasks, num_tasks, scale, divisor, stream);
   if (in == D::kFloat32 && out == D::kFloat16)

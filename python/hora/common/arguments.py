@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hora.common.basics import Average, ReduceOp, Sum
+from hora.common.exceptions import HoraTypeError
 
 # ReduceOp members hash and compare like their values, so one lookup takes
 # both (an enum construction costs as much as the rest of a submission).
@@ -66,6 +67,6 @@ def check_splits(values: Iterable[Any], what: str) -> list[int]:
     result = []
     for s in values:
         if isinstance(s, bool) or int(s) != s:
-            raise TypeError(f"{what}: splits must hold integers, got {s!r}")
+            raise HoraTypeError(f"{what}: splits must hold integers, got {s!r}")
         result.append(int(s))
     return result

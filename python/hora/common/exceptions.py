@@ -1,8 +1,10 @@
 """Exceptions raised by hora.
 
-Argument errors found at the call site are plain ``ValueError`` / ``TypeError``.
-Everything decided together with the other ranks raises a subclass of
-:class:`HoraError`, which is a ``RuntimeError`` so existing handlers keep working.
+Argument errors found at the call site are ``ValueError`` / ``TypeError``
+(the core's are :class:`HoraInvalidArgumentError` / :class:`HoraTypeError`,
+which Horovod's handlers catch too). Everything decided together with the
+other ranks raises a subclass of :class:`HoraError`, which is a
+``RuntimeError`` so existing handlers keep working.
 """
 
 
@@ -28,6 +30,25 @@ class HoraShutdownError(HoraError):
 
 class HoraTimeoutError(HoraError):
     """A stalled collective was aborted after the configured time."""
+
+
+class HoraInvalidArgumentError(ValueError, RuntimeError):
+    """A collective's arguments are wrong or unsupported (a name already in
+    flight, an op the collective cannot do, bad splits). A ``ValueError``;
+    also a ``RuntimeError``, the class Horovod raises for some of these
+    (an unsupported op such as Adasum for reducescatter)."""
+
+
+class HoraTypeError(TypeError, ValueError):
+    """An argument of the wrong type (an unsupported dtype, splits that are
+    not integers). A ``TypeError``; also a ``ValueError``, which Horovod
+    raises for the same mistakes."""
+
+
+class HoraUsageError(RuntimeError, AssertionError):
+    """A call in the wrong order (``zero_grad()`` while gradients are being
+    reduced, more backward passes than ``backward_passes_per_step``). Also
+    an ``AssertionError``, as Horovod raises."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):

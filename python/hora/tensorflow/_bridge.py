@@ -22,9 +22,11 @@ import numpy as np
 import tensorflow as tf
 
 from hora.common._adapter.naming import auto_name
+from hora.common.exceptions import (
+    HoraError, HoraInvalidArgumentError, HoraMismatchError, HoraTypeError)
 
-SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-                    tf.float32, tf.float64, tf.bool)
+SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+                    tf.bfloat16, tf.float32, tf.float64, tf.bool)
 
 
 def check_tensor(tensor, what):
@@ -39,8 +41,8 @@ def check_tensor(tensor, what):
             from None
     if tensor.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise TypeError(f"{what}: dtype {tensor.dtype.name} is not supported; supported dtypes "
-                        f"are {names}")
+        raise HoraTypeError(f"{what}: dtype {tensor.dtype.name} is not supported; supported "
+                            f"dtypes are {names}")
     return tensor
 
 
@@ -52,6 +54,17 @@ def check_tensors(tensors, what):
 
 def _normalize(text):
     return re.sub(r"[^A-Za-z0-9_./-]", "_", text)
+
+
+def grad_names(names):
+    """Names of the collectives of a backward pass: the forward's plus
+    ``.grad`` eagerly (one backward runs at a time), unique within the graph
+    otherwise, since a graph may differentiate one collective twice and run
+    both backward passes at once."""
+    if tf.executing_eagerly():
+        return [n + ".grad" for n in names]
+    base = tf.compat.v1.get_default_graph().unique_name(_normalize(names[0]) + "_grad")
+    return [f"{base}.{i}" for i in range(len(names))] if len(names) > 1 else [base]
 
 
 def collective_name(name, kind, tensor=None):
@@ -81,21 +94,88 @@ def _refuse_xla(name):
             f"use model.compile(..., jit_compile=False) or tf.function(jit_compile=False)")
 
 
+# hora's errors as the tf.errors class Horovod's kernels raise for the same
+# failure, each still an instance of hora's class (and so of RuntimeError or
+# ValueError): ranks that disagree -> FailedPreconditionError, bad arguments
+# -> InvalidArgumentError, anything else (a lost peer, shutdown) -> UnknownError.
+_TF_ERROR_CLASSES = {}
+
+
+def _tf_error_class(error):
+    if isinstance(error, HoraMismatchError):
+        tf_class = tf.errors.FailedPreconditionError
+    elif isinstance(error, HoraInvalidArgumentError):
+        tf_class = tf.errors.InvalidArgumentError
+    else:
+        tf_class = tf.errors.UnknownError
+    key = (tf_class, type(error))
+    if key not in _TF_ERROR_CLASSES:
+        _TF_ERROR_CLASSES[key] = type(f"{tf_class.__name__}", (tf_class, type(error)),
+                                      {"__module__": __name__})
+    return _TF_ERROR_CLASSES[key]
+
+
+def as_tf_error(error):
+    """``error`` (a hora error) as the matching ``tf.errors.OpError``."""
+    return _tf_error_class(error)(None, None, str(error))
+
+
 def run(fn, inputs, out_dtypes, out_shapes, name):
     """Calls ``fn`` (NumPy arrays in, a list of NumPy arrays out) on
     ``inputs``: at once when eager, as a graph node inside ``tf.function``.
-    Returns a list of tensors with ``out_dtypes`` and (static) ``out_shapes``."""
+    Returns a list of tensors with ``out_dtypes`` and (static) ``out_shapes``.
+    Eagerly, hora's errors are raised as the ``tf.errors`` classes Horovod
+    raises (see ``as_tf_error``); in a graph TensorFlow maps them itself
+    (``InvalidArgumentError`` for argument errors, ``UnknownError`` with
+    hora's message for the others)."""
     if tf.executing_eagerly():
-        outputs = fn(*[t.numpy() for t in inputs])
+        try:
+            outputs = fn(*[t.numpy() for t in inputs])
+        except (HoraError, HoraInvalidArgumentError) as error:
+            raise as_tf_error(error) from None
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, out_dtypes)]
     _refuse_xla(name)
     node_name = _normalize(name).replace("/", "_").replace(".", "_")[:200] or "hora"
-    outputs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True, name=node_name)
+    if not tf.compat.v1.get_default_graph().building_function:
+        outputs = _run_in_session_graph(fn, inputs, out_dtypes, node_name)
+    else:
+        outputs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
+                                    name=node_name)
     if not isinstance(outputs, (list, tuple)):
         outputs = [outputs]
     for output, shape in zip(outputs, out_shapes):
         output.set_shape(shape)
     return list(outputs)
+
+
+def _run_in_session_graph(fn, inputs, out_dtypes, node_name):
+    """The collective as a node of a TF1-style graph run by a Session.
+
+    A Session runs independent nodes in any order on a small pool of
+    threads (one per core), so ranks may start a graph's collectives in
+    different orders, and a numpy_function node blocks its thread until its
+    collective completes: with more collectives than threads, every thread
+    can end up waiting for one that another rank has not started, which
+    itself waits for a thread. Horovod's kernels are asynchronous instead.
+    Here the node is a one-element tf.data pipeline: its kernel is
+    asynchronous and runs the function on a thread of its own (with
+    ``use_inter_op_parallelism=False``, the function's body stays on that
+    thread), so a waiting collective never holds one of the Session's
+    threads and any number of them can be in flight together."""
+    try:
+        from tensorflow.python.data.ops import map_op
+    except ImportError:  # pragma: no cover - a TensorFlow that moved it
+        return tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
+                                 name=node_name)
+
+    def body(*xs):
+        return tuple(tf.numpy_function(fn, list(xs), list(out_dtypes), stateful=True,
+                                       name=node_name))
+
+    with tf.name_scope(node_name):
+        data = tf.data.Dataset.from_tensors(tuple(inputs))
+        data = map_op._MapDataset(data, body, use_inter_op_parallelism=False)
+        return list(data.get_single_element())
 
 
 def gathered_shape(shape):

@@ -27,10 +27,12 @@ import tensorflow as tf
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
 from hora.common.arguments import check_process_set, check_root, check_splits, resolve_op
-from hora.common.basics import Average, ReduceOp, Sum, local_rank, local_size, rank, size
+from hora.common.basics import (
+    Adasum, Average, ReduceOp, Sum, local_rank, local_size, rank, size)
+from hora.common.exceptions import HoraTypeError
 from hora.common.compression import Compressor
 from hora.tensorflow._bridge import (
-    check_tensor, check_tensors, collective_name, gathered_shape, run)
+    check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run)
 from hora.tensorflow.compression import Compression
 
 # a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
@@ -67,24 +69,39 @@ def _differentiable_allreduce(tensors, names, op, prescale, postscale, grouped):
                 raise NotImplementedError(
                     f"allreduce '{names[0]}': the gradient of op {ReduceOp(op).name} is not "
                     f"implemented; only Sum and Average are differentiable")
-            return _allreduce_now([tf.convert_to_tensor(d) for d in dys],
-                                  [n + ".grad" for n in names], op, prescale, postscale, grouped)
+            return _allreduce_now([tf.convert_to_tensor(d) for d in dys], grad_names(names), op,
+                                  prescale, postscale, grouped)
         return ys, backward
     result = forward(*tensors)
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
+def _check_sparse(op, prescale, postscale):
+    # Horovod's exceptions and words for what it cannot do with IndexedSlices
+    if op == Adasum:
+        raise NotImplementedError(
+            "The Adasum reduction does not currently support sparse tensors. As a workaround "
+            "please pass sparse_as_dense=True to DistributedOptimizer")
+    if op not in (Sum, Average):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+
+
+def _average_values(values, op):
+    # Horovod divides with `/`: integer values become float64
+    if op != Average:
+        return values
+    return values / tf.cast(size(), values.dtype)
+
+
 def _allreduce_sparse(slices, op, prescale, postscale, name):
     """An IndexedSlices allreduce: every rank's rows gathered, as Horovod does."""
-    if op not in (Sum, Average):
-        raise ValueError(f"allreduce '{name}': tf.IndexedSlices can be reduced with Sum or "
-                         f"Average only, got {ReduceOp(op).name}")
+    _check_sparse(op, prescale, postscale)
     values = allgather(slices.values, name=name + ".values")
     indices = allgather(slices.indices, name=name + ".indices")
-    scale = prescale * postscale / (size() if op == Average else 1)
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+    return tf.IndexedSlices(_average_values(values, op), indices,
+                            dense_shape=slices.dense_shape)
 
 
 def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str = "",
@@ -130,6 +147,8 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
     if not tensors:
         return []
     dense_positions = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if len(dense_positions) < len(tensors):
+        _check_sparse(op, prescale, postscale)
     dense = check_tensors([tensors[i] for i in dense_positions], "grouped_allreduce")
     results = list(tensors)
     base = collective_name(name, "GroupedAllreduce", dense[0] if dense else None)
@@ -155,11 +174,14 @@ def _allgather_now(tensors, names):
 
 
 def _allgather_grad_now(grads, rows, names):
-    """This rank's rows of the sum of every rank's gradient."""
+    """This rank's rows of the average of every rank's gradient (Horovod's
+    allgather gradient)."""
+    names = grad_names(names)
+
     def slice_sum(*arrays):
         grad_arrays, row_counts = arrays[:len(names)], arrays[len(names):]
-        handles = [_ops.allreduce_async(g, n + ".grad", Sum) for g, n in zip(grad_arrays, names)]
-        handles += [_ops.allgather_async(np.asarray(r, np.int64).reshape(1), n + ".grad.rows")
+        handles = [_ops.allreduce_async(g, n, Average) for g, n in zip(grad_arrays, names)]
+        handles += [_ops.allgather_async(np.asarray(r, np.int64).reshape(1), n + ".rows")
                     for r, n in zip(row_counts, names)]
         results = wait_all(handles)
         sums, all_rows = results[:len(names)], results[len(names):]
@@ -197,8 +219,8 @@ def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bo
               process_set: None = None) -> tf.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
     order; the first dimension may differ between ranks, the others must
-    not. Differentiable: the gradient is this rank's rows of the summed
-    gradient."""
+    not. Differentiable: the gradient is this rank's rows of the gradient
+    averaged over ranks, as in Horovod."""
     check_process_set(process_set, "allgather")
     tensor = check_tensor(tensor, "allgather")
     _check_gatherable(tensor, "allgather")
@@ -229,7 +251,8 @@ def _broadcast_now(tensors, root_rank, names):
 def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
               ignore_name_scope: bool = False, process_set: None = None) -> tf.Tensor:
     """Returns ``root_rank``'s ``tensor`` on every rank. Differentiable: the
-    root gets the sum of every rank's gradient, the others zero."""
+    root gets the average of every rank's gradient, the others zero, as in
+    Horovod."""
     check_process_set(process_set, "broadcast")
     root_rank = check_root(root_rank, "broadcast")
     tensor = check_tensor(tensor, "broadcast")
@@ -240,9 +263,11 @@ def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
         y = _broadcast_now([x], root_rank, [name])[0]
 
         def backward(dy):
-            total = _allreduce_now([tf.convert_to_tensor(dy)], [name + ".grad"], Sum, 1.0, 1.0,
-                                   False)[0]
-            return total if rank() == root_rank else tf.zeros_like(total)
+            total = _allreduce_now([tf.convert_to_tensor(dy)], grad_names([name]), Average, 1.0,
+                                   1.0, False)[0]
+            # times zero rather than zeros_like: a graph would prune the
+            # allreduce that zeros of a known shape do not depend on
+            return total if rank() == root_rank else total * tf.zeros([], total.dtype)
         return y, backward
     return forward(tensor)
 
@@ -279,7 +304,7 @@ def _splits_tensor(splits, what):
         return None
     if isinstance(splits, (tf.Tensor, tf.Variable)):
         if not splits.dtype.is_integer:
-            raise TypeError(f"{what}: splits must hold integers, got {splits.dtype.name}")
+            raise HoraTypeError(f"{what}: splits must hold integers, got {splits.dtype.name}")
         return tf.cast(tf.reshape(splits, [-1]), tf.int64)
     return tf.constant(check_splits(np.asarray(splits).reshape(-1).tolist(), what), tf.int64)
 
@@ -295,14 +320,17 @@ def _alltoall_now(x, splits, name):
 
 def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | None = None,
              ignore_name_scope: bool = False,
-             process_set: None = None) -> tuple[tf.Tensor, tf.Tensor]:
-    """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r`` and
-    returns ``(output, received_splits)``: the rows received from every rank
-    in rank order, and how many came from each. Without ``splits`` the first
-    dimension is divided evenly. Differentiable in ``tensor``."""
+             process_set: None = None) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
+    """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r``.
+    With ``splits``, returns ``(output, received_splits)``: the rows received
+    from every rank in rank order, and how many came from each (int32).
+    Without, the first dimension is divided evenly and only the output is
+    returned, as in Horovod (``tf.errors.InvalidArgumentError`` when it does
+    not divide). Differentiable in ``tensor``."""
     check_process_set(process_set, "alltoall")
     tensor = check_tensor(tensor, "alltoall")
     _check_gatherable(tensor, "alltoall")
+    given = splits is not None
     splits = _splits_tensor(splits, "alltoall")
     name = collective_name(name, "Alltoall", tensor)
 
@@ -312,11 +340,11 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
 
         def backward(d_output, d_received=None):
             back, _ = _alltoall_now(tf.convert_to_tensor(d_output), tf.cast(received, tf.int64),
-                                    name + ".grad")
+                                    grad_names([name])[0])
             return tf.reshape(back, tf.shape(x))
         return (output, received), backward
     output, received = forward(tensor)
-    return output, received
+    return (output, received) if given else output
 
 
 # --- reducescatter -----------------------------------------------------------
@@ -339,9 +367,9 @@ def _differentiable_reducescatter(tensors, names, op, prescale, postscale):
         ys = _reducescatter_now(list(xs), names, op, prescale, postscale)
 
         def backward(*dys):
-            scale = prescale * postscale / (size() if op == Average else 1)
-            grads = _allgather_now([tf.convert_to_tensor(d) for d in dys],
-                                   [n + ".grad" for n in names])
+            # Horovod's: the gathered gradient, times size() for Sum
+            scale = prescale * postscale * (size() if op == Sum else 1)
+            grads = _allgather_now([tf.convert_to_tensor(d) for d in dys], grad_names(names))
             return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in grads]
         return ys, backward
     result = forward(*tensors)
@@ -353,7 +381,8 @@ def reducescatter(tensor: TensorLike, name: str | None = None, op: ReduceOp | in
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduces ``tensor`` over all ranks and returns this rank's block of
     rows (the first ``rows % size()`` ranks get one extra row).
-    Differentiable for Sum and Average."""
+    Differentiable for Sum and Average, with Horovod's gradient (the
+    allgather of the gradient, times size() for Sum)."""
     check_process_set(process_set, "reducescatter")
     op = resolve_op(None, op, "reducescatter")
     tensor = check_tensor(tensor, "reducescatter")

@@ -1,8 +1,20 @@
 """autograd Functions of the differentiable collectives.
 
-The gradients are those of the sum over ranks of every rank's loss. Each
-backward pass is itself a collective, named after the forward collective
-when the user named it (matched by call order otherwise).
+The backward passes are Horovod's, so that gradients match it exactly:
+
+- allreduce (Sum, Average): the same allreduce of the gradient, with the
+  same op and scale factors;
+- allgather: this rank's rows of the *average* over ranks of the gradient;
+- broadcast: the average over ranks of the gradient on the root, zeros
+  elsewhere;
+- reducescatter: the allgather of the gradient times prescale * postscale,
+  and also times size() for Sum;
+- alltoall: the alltoall of the gradient back along the received splits.
+
+Min, Max and Product (which Horovod cannot differentiate) get the gradient
+of the sum over ranks of every rank's loss. Each backward pass is itself a
+collective, named after the forward collective when the user named it
+(matched by call order otherwise).
 """
 
 import torch
@@ -88,12 +100,12 @@ class GroupedAllreduceFunction(torch.autograd.Function):
 
 
 def allgather_grad(grads, rows, name):
-    """This rank's slices of the sums of the gathered gradients."""
+    """This rank's slices of the averages of the gathered gradients."""
     base = name_or_auto(name, "grouped_allgather")
     names = [f"{base}.{i}" for i in range(len(grads))]
     counts_works, counts_finish = start_allgather(
         [torch.tensor([rows], dtype=torch.int64)], [f"{base}.rows"])
-    works, outputs = start_allreduce(list(grads), names, Sum, 1.0, 1.0,
+    works, outputs = start_allreduce(list(grads), names, Average, 1.0, 1.0,
                                      len(grads) > 1)
     counts = synchronize(Handle(counts_works, lambda ws: counts_finish(ws)[0]))
     totals = synchronize(Handle(works, lambda ws: outputs))
@@ -124,7 +136,7 @@ class BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         root_rank, name, named = ctx.args
-        total = allreduce_now(grad, Sum, grad_name(name, named, "grad"))
+        total = allreduce_now(grad, Average, grad_name(name, named, "grad"))
         if rank() != root_rank:
             total.zero_()
         return total, None, None, None
@@ -147,10 +159,14 @@ class AlltoallFunction(torch.autograd.Function):
         return synchronize(Handle(works, finish))[0], None, None, None
 
 
+def reducescatter_grad_scale(op, prescale, postscale):
+    # Horovod's: size() for Sum, nothing for Average, then both factors
+    return prescale * postscale * (size() if op == Sum else 1)
+
+
 def reducescatter_grad(grad, x, op, prescale, postscale, name):
     if op in (Sum, Average):
-        scale = prescale * postscale / (size() if op == Average else 1)
-        return allgather_now(grad, name) * scale
+        return allgather_now(grad, name) * reducescatter_grad_scale(op, prescale, postscale)
     if op in (Min, Max):
         chosen_block = reducescatter_now(x, selection_op(op, prescale), sub_name(name, "chosen"))
         chosen = allgather_now(chosen_block, sub_name(name, "chosen_all"))
@@ -181,7 +197,7 @@ class ReducescatterFunction(torch.autograd.Function):
         name, named, op, prescale, postscale = ctx.args
         base = name_or_auto(grad_name(name, named, "grad"), "reducescatter")
         if op in (Sum, Average) and len(grads) > 1:
-            scale = prescale * postscale / (size() if op == Average else 1)
+            scale = reducescatter_grad_scale(op, prescale, postscale)
             names = [f"{base}.{i}" for i in range(len(grads))]
             works, finish = start_allgather(list(grads), names, grouped=True)
             result = [g * scale for g in synchronize(Handle(works, finish))]

@@ -26,8 +26,9 @@ from hora.common._adapter.submission import (
 from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
     check_op, check_process_set, check_root, check_splits, resolve_op)
 from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
+from hora.common.exceptions import HoraTypeError
 
-SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
                     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
 # The core's code for each, for tensors handed over by pointer.
 _CORE_DTYPES = {d: submission.DTYPE_CODES[str(d).replace("torch.", "")]
@@ -48,8 +49,8 @@ def check_tensor(tensor, what):
                          f"(.to_dense())")
     if tensor.dtype not in _CORE_DTYPES:
         names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-        raise TypeError(f"{what}: dtype {tensor.dtype} is not supported; supported dtypes are "
-                        f"{names}")
+        raise HoraTypeError(f"{what}: dtype {tensor.dtype} is not supported; supported dtypes "
+                            f"are {names}")
 
 
 def check_tensors(tensors, what):
@@ -66,7 +67,7 @@ def splits_list(splits, what):
         return None
     if isinstance(splits, torch.Tensor):
         if splits.dtype.is_floating_point or splits.dtype == torch.bool:
-            raise TypeError(f"{what}: splits must hold integers, got {splits.dtype}")
+            raise HoraTypeError(f"{what}: splits must hold integers, got {splits.dtype}")
         return [int(s) for s in splits.reshape(-1).tolist()]
     return check_splits(splits, what)
 

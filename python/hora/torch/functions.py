@@ -75,16 +75,34 @@ def _describe(optimizer):
     return groups
 
 
-def _initialize_state(optimizer):
+def _sparse_parameters(optimizer, model):
+    """The parameters whose gradients are sparse: all of SparseAdam's, those
+    of the model's sparse embeddings, and those holding a sparse gradient."""
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return {p for group in optimizer.param_groups for p in group["params"]}
+    sparse = set()
+    if model is not None:
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+                sparse.update(module.parameters())
+    for group in optimizer.param_groups:
+        sparse.update(p for p in group["params"] if p.grad is not None and p.grad.is_sparse)
+    return sparse
+
+
+def _initialize_state(optimizer, model):
     """Creates lazily built state the way Horovod does: one step with zero
-    gradients. Parameters and gradients are restored afterwards, so options
-    such as weight decay do not move the parameters."""
+    gradients (sparse ones where the optimizer needs them). Parameters and
+    gradients are restored afterwards, so options such as weight decay do
+    not move the parameters."""
+    sparse = _sparse_parameters(optimizer, model)
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
                 saved.append((p, p.detach().clone(), p.grad))
-                p.grad = torch.zeros_like(p)
+                zeros = torch.zeros_like(p)
+                p.grad = zeros.to_sparse() if p in sparse else zeros
     try:
         _local_step(optimizer)
     finally:
@@ -121,6 +139,7 @@ def _fit_state(optimizer, description):
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None,
                               process_set: None = None) -> None:
     """Makes every rank's optimizer state and hyper-parameters equal to
     ``root_rank``'s.
@@ -131,13 +150,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     buffers and Adam moments, and plain values) are taken from the root.
     When the root has state but this rank has none yet (optimizers create it
     lazily on the first step), it is first created as Horovod does, by one
-    step with zero gradients (parameters are left untouched), and then
-    overwritten with the root's. When the root has no state yet, nothing but
+    step with zero gradients (parameters are left untouched; the gradients
+    are sparse for ``SparseAdam`` and for the sparse embeddings of
+    ``model``, when given), and then overwritten with the root's.
+    Parameters without a gradient or without state are handled. When the
+    root has no state yet, nothing but
     the hyper-parameters is sent: the state will then be created identically
     on every rank by the first step. Every rank must hold the same
     parameters in the same groups. Raises ``ValueError`` for
     ``torch.optim.LBFGS`` (its state is not per-parameter), for a process set,
-    or (on every rank) when the ranks' parameter groups differ in layout.
+    or (on every rank) when the ranks' parameter groups differ in layout;
+    when creating the state fails on some rank, every rank raises
+    ``RuntimeError`` naming the rank and its error.
     """
     check_process_set(process_set, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
@@ -160,12 +184,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if problems:
         raise ValueError("broadcast_optimizer_state: " + "; ".join(problems))
 
+    failure = None
     if not is_root:
-        root_has_state = any(entry is not None for _, entries in description for entry in entries)
-        if root_has_state and not any(optimizer.state.get(p) for group in optimizer.param_groups
-                                      for p in group["params"]):
-            _initialize_state(optimizer)
-        _fit_state(optimizer, description)
+        try:
+            root_has_state = any(entry is not None for _, entries in description
+                                 for entry in entries)
+            if root_has_state and not any(optimizer.state.get(p)
+                                          for group in optimizer.param_groups
+                                          for p in group["params"]):
+                _initialize_state(optimizer, model)
+            _fit_state(optimizer, description)
+        except Exception as error:  # reported on every rank below, so none hangs
+            failure = f"rank {rank()}: {type(error).__name__}: {error}"
+    failures = [f for f in _ops.allgather_object(failure, name="broadcast_optimizer_state.init")
+                if f is not None]
+    if failures:
+        raise RuntimeError("broadcast_optimizer_state: creating the optimizer state failed on "
+                           + "; ".join(failures))
 
     handles = []
     for i, (group, (_, entries)) in enumerate(zip(optimizer.param_groups, description)):

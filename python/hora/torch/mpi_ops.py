@@ -26,7 +26,8 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from hora.common import ops as _numpy_ops
-from hora.common._adapter.handles import Handle, poll, synchronize  # noqa: F401 (re-exported)
+from hora.common._adapter.handles import (  # noqa: F401 (re-exported)
+    CallableHandle, Handle, poll, synchronize)
 from hora.common._adapter.naming import group_names
 # Horovod's torch.mpi_ops has the reduce ops too
 from hora.common.basics import (  # noqa: F401
@@ -178,7 +179,8 @@ def grouped_allreduce_(tensors: Iterable[torch.Tensor], average: bool | None = N
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
                            op: ReduceOp | int = Average, process_set: None = None) -> Handle:
     """Starts a reduction of a sparse COO ``tensor`` by gathering every rank's
-    indices and values; ``synchronize`` returns a coalesced sparse tensor.
+    indices and values. The handle is called for the result (``handle()``,
+    as in Horovod) or passed to ``synchronize``: a coalesced sparse tensor.
     ``op`` must be Average (default) or Sum, else ``ValueError``. All ranks
     must pass sparse tensors of the same size."""
     check_process_set(process_set, "sparse_allreduce_async")
@@ -203,7 +205,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None,
             all_values = all_values / size()
         return torch.sparse_coo_tensor(all_indices.t(), all_values, shape,
                                        check_invariants=False).coalesce()
-    return Handle(works, finish)
+    return CallableHandle(works, finish)
 
 
 # --- allgather -----------------------------------------------------------------

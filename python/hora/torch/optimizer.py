@@ -23,6 +23,7 @@ import torch
 from hora.common._adapter.handles import wait_all
 from hora.common.basics import ReduceOp
 from hora.common.compression import Compressor
+from hora.common.exceptions import HoraUsageError
 from hora.common.gradient_policy import (
     GradientPolicy, check_backward_passes, gradient_policy, group_units)
 from hora.torch import mpi_ops
@@ -83,7 +84,7 @@ class _DistributedOptimizer:
         if index is None:
             return
         if self._hora_delay[p] <= 0:
-            raise RuntimeError(
+            raise HoraUsageError(
                 f"the gradient of '{self._hora_names[p]}' was computed more than "
                 f"backward_passes_per_step={self.backward_passes_per_step} times before "
                 f"optimizer.step(); call step() after every {self.backward_passes_per_step} "
@@ -100,18 +101,22 @@ class _DistributedOptimizer:
     def _hora_start(self, index):
         params = self._hora_units[index]
         grouped = len(params) > 1 or self._hora_unit_names[index] is not None
+        was_sparse = set()
         for p in params:
             if p.grad is None:
                 # never produced on this rank (an unused parameter): other
                 # ranks may have it, so contribute zeros rather than hang
                 p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
             elif p.grad.is_sparse and (self._hora_sparse_as_dense or grouped):
+                # reduced dense, handed back sparse (as Horovod does) for
+                # optimizers that need sparse gradients, e.g. SparseAdam
+                was_sparse.add(p)
                 p.grad = p.grad.to_dense()
         if not grouped and params[0].grad.is_sparse:
             p = params[0]
             handle = mpi_ops.sparse_allreduce_async(p.grad, name=self._hora_names[p],
                                                     op=self._hora_op)
-            self._hora_pending[index] = ("sparse", handle, [p])
+            self._hora_pending[index] = ("sparse", handle, [p], ())
             return
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
@@ -123,10 +128,10 @@ class _DistributedOptimizer:
             handle = mpi_ops.allreduce_async_(
                 tensors[0], name=self._hora_names[params[0]], op=self._hora_op,
                 prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
-        self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)))
+        self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)), was_sparse)
 
     def _hora_finish(self, entry, result):
-        kind, _, members = entry
+        kind, _, members, was_sparse = entry
         with torch.no_grad():
             if kind == "sparse":
                 members[0].grad = result
@@ -134,6 +139,8 @@ class _DistributedOptimizer:
             for p, (tensor, ctx) in members:
                 if tensor is not p.grad:
                     p.grad.copy_(self._hora_compression.decompress(tensor, ctx))
+                if p in was_sparse:
+                    p.grad = p.grad.to_sparse()
 
     # --- public API -----------------------------------------------------------
 
@@ -158,7 +165,7 @@ class _DistributedOptimizer:
                 self._hora_start(index)
         entries = [self._hora_pending[index] for index in range(len(self._hora_units))]
         try:
-            results = wait_all([handle for _, handle, _ in entries])
+            results = wait_all([entry[1] for entry in entries])
         finally:
             self._hora_pending.clear()
             self._hora_ready.clear()
@@ -191,10 +198,13 @@ class _DistributedOptimizer:
         produced since, warns and does not reduce again."""
         if self._hora_should_synchronize:
             if self._hora_synchronized and not self._hora_pending:
+                # Horovod's words, which scripts and tests match on; hora
+                # does not reduce the already reduced gradients again
                 warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() without the "
-                    "optimizer.skip_synchronize() context; the gradients are already reduced, "
-                    "so step() does not reduce them again", stacklevel=2)
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.", stacklevel=2)
             else:
                 self.synchronize()
         self._hora_synchronized = False
@@ -205,7 +215,7 @@ class _DistributedOptimizer:
         called after ``loss.backward()`` but before ``step()`` /
         ``synchronize()``: the gradients are then being reduced in place."""
         if self._hora_pending:
-            raise RuntimeError(
+            raise HoraUsageError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(); the gradients are being reduced "
                 "across ranks at this moment. Call zero_grad() before backward() or after step().")
@@ -222,7 +232,8 @@ class _DistributedOptimizer:
         for j, p in enumerate(self.param_groups[-1]["params"]):
             if p in self._hora_unit_of or not p.requires_grad:
                 continue
-            self._hora_names[p] = f"{_UNNAMED}.{group_index}.{j}"
+            self._parameter_names[p] = f"{_UNNAMED}.{group_index}.{j}"
+            self._hora_names[p] = f"allreduce.{self._parameter_names[p]}"
             self._hora_add_unit([p], None)
 
 
@@ -234,6 +245,10 @@ _CLASSES = {}
 
 
 def _parameter_names(optimizer, named_parameters):
+    """Each parameter's name, as Horovod keeps it in
+    ``optimizer._parameter_names``: the given name, or
+    ``allreduce.noname.<group>.<index>`` without ``named_parameters``. Its
+    gradient's allreduce is named ``allreduce.<that name>``."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
         return {p: f"{_UNNAMED}.{i}.{j}"
@@ -256,7 +271,7 @@ def _parameter_names(optimizer, named_parameters):
                          + ", ".join(sorted(duplicates)))
     names = {}
     for name, p in entries:
-        names.setdefault(p, f"allreduce.{name}")
+        names.setdefault(p, name)
     unnamed = [i for i, p in enumerate(params) if p not in names]
     if unnamed:
         raise ValueError(
@@ -374,7 +389,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         _CLASSES[base] = cls
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._hora_setup(names, units, unit_names, policy, passes, sparse_as_dense)
+    wrapped._parameter_names = names
+    wrapped._hora_setup({p: f"allreduce.{name}" for p, name in names.items()}, units,
+                        unit_names, policy, passes, sparse_as_dense)
     return wrapped
 
 

@@ -33,6 +33,9 @@ Status ReduceInto(void* acc, const void* other, int64_t count, DataType dtype, R
     case DataType::kInt16:
       ReduceTyped(static_cast<int16_t*>(acc), static_cast<const int16_t*>(other), count, op);
       return Status::OK();
+    case DataType::kUInt16:
+      ReduceTyped(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(other), count, op);
+      return Status::OK();
     case DataType::kInt32:
       ReduceTyped(static_cast<int32_t*>(acc), static_cast<const int32_t*>(other), count, op);
       return Status::OK();

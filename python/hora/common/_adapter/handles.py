@@ -47,6 +47,17 @@ class Handle:
         return self._done or all(work.poll() for work in self._works)
 
 
+class CallableHandle(Handle):
+    """A handle that is also called for its result: Horovod's
+    ``sparse_allreduce_async`` returns a function, so ``handle()`` works
+    here as well as ``synchronize(handle)``."""
+
+    __slots__ = ()
+
+    def __call__(self) -> Any:
+        return self._wait()
+
+
 class OneHandle(Handle):
     """A handle on one core Work whose result object is known when it is
     submitted (an in-place collective, or one into a caller's output): the

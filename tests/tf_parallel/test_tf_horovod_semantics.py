@@ -1,0 +1,104 @@
+"""Behaviour Horovod defines for TensorFlow that hora matches: TF1-style
+graphs run by a Session with many collectives in one run, gradient
+collectives named uniquely, alltoall's return value and errors, IndexedSlices
+with integer values, uint16, and the tf.errors classes."""
+
+import numpy as np
+import pytest
+
+from conftest import hvd, tf
+
+# A regression that hangs is ended by the stall shutdown the suite sets
+# (tests/test_tensorflow_suite.py) rather than waiting for the job timeout.
+RUN_OPTIONS = tf.compat.v1.RunOptions(timeout_in_ms=60000)
+SESSION_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.float32, tf.float64]
+
+
+def session_run(graph, fetches):
+    # two inter-op threads: far fewer than the collectives in flight
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        return session.run(fetches, options=RUN_OPTIONS)
+
+
+def test_session_runs_many_collectives_at_once(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        inputs, outputs = [], []
+        for dtype in SESSION_DTYPES:
+            for dims in (1, 2, 3):
+                x = tf.cast(tf.fill([3] * dims, rank + 1), dtype)
+                inputs.append(x)
+                outputs.append(hvd.allreduce(x, op=hvd.Sum))
+    results = session_run(graph, outputs)
+    total = sum(r + 1 for r in range(size))
+    assert len(results) == 21
+    for result, dtype in zip(results, [d for d in SESSION_DTYPES for _ in range(3)]):
+        assert result.dtype == dtype.as_numpy_dtype
+        np.testing.assert_array_equal(result, np.full(result.shape, total))
+
+
+def test_session_gradients_of_allgather_broadcast_and_sparse(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant(np.full((2, 3), rank + 1.0, np.float32))
+        gathered = hvd.allgather(x)
+        broadcast = hvd.broadcast(x, 0)
+        gather_grad, = tf.gradients(tf.reduce_sum(gathered * 2.0), [x])
+        bcast_grad, = tf.gradients(tf.reduce_sum(broadcast * 3.0), [x])
+        slices = tf.IndexedSlices(x, tf.constant([0, 1], tf.int64), tf.constant([2, 3], tf.int64))
+        sparse, dense = hvd.grouped_allreduce([slices, x], op=hvd.Average)
+        fetches = [gathered, gather_grad, bcast_grad, sparse.values, sparse.indices, dense]
+    g, gg, bg, values, indices, dense = session_run(graph, fetches)
+    assert g.shape == (2 * size, 3)
+    np.testing.assert_allclose(gg, np.full((2, 3), 2.0))  # the average of 2.0 over ranks
+    np.testing.assert_allclose(bg, np.full((2, 3), 3.0 if rank == 0 else 0.0))
+    assert values.shape == (2 * size, 3) and indices.tolist() == [0, 1] * size
+    np.testing.assert_allclose(dense, np.full((2, 3), sum(r + 1 for r in range(size)) / size))
+
+
+def test_grouped_gradients_twice_in_one_graph(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant(np.full((size, 2), rank + 1.0, np.float32))
+        gathered = hvd.grouped_allgather([x, x * 2.0])
+        scattered = hvd.grouped_reducescatter([x, x * 2.0], op=hvd.Sum)
+        # two backward passes through each collective, run together
+        grads = (tf.gradients(tf.reduce_sum(gathered[0]) + tf.reduce_sum(gathered[1]), [x])
+                 + tf.gradients(tf.reduce_sum(gathered[1]), [x])
+                 + tf.gradients(tf.reduce_sum(scattered[0]), [x])
+                 + tf.gradients(tf.reduce_sum(scattered[1]), [x]))
+    g1, g2, s1, s2 = session_run(graph, grads)
+    np.testing.assert_allclose(g1, np.full((size, 2), 3.0))
+    np.testing.assert_allclose(g2, np.full((size, 2), 2.0))
+    np.testing.assert_allclose(s1, np.full((size, 2), float(size)))
+    np.testing.assert_allclose(s2, np.full((size, 2), 2.0 * size))
+
+
+def test_alltoall_splits_dtype_and_uneven_rows(rank, size):
+    output, received = hvd.alltoall(tf.ones([size, 2]), splits=[1] * size)
+    assert received.dtype == tf.int32 and output.shape == (size, 2)
+    if size == 1:
+        return
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="splits not provided, but first dimension of tensor is not an even "
+                             "multiple of the number of workers"):
+        hvd.alltoall(tf.ones([size + 1, 2]), name="tf.semantics.uneven")
+
+
+def test_indexed_slices_with_integer_values_average_to_float64(rank, size):
+    slices = tf.IndexedSlices(tf.constant([[rank + 1, 3]], tf.int32), tf.constant([0], tf.int64),
+                              tf.constant([1, 2], tf.int64))
+    result = hvd.allreduce(slices, op=hvd.Average)
+    assert result.values.dtype == tf.float64
+    np.testing.assert_allclose(result.values.numpy(),
+                               [[(r + 1) / size, 3 / size] for r in range(size)])
+
+
+def test_uint16(rank, size, mode):
+    x = tf.constant([rank, 65535], tf.uint16)
+    gathered = mode(lambda t: hvd.allgather(t))(x)
+    assert gathered.dtype == tf.uint16
+    assert gathered.numpy().tolist() == [v for r in range(size) for v in (r, 65535)]
+    maximum = mode(lambda t: hvd.allreduce(t, op=hvd.Max))(x)
+    assert maximum.numpy().tolist() == [size - 1, 65535]
