@@ -102,3 +102,108 @@ def test_uint16(rank, size, mode):
     assert gathered.numpy().tolist() == [v for r in range(size) for v in (r, 65535)]
     maximum = mode(lambda t: hvd.allreduce(t, op=hvd.Max))(x)
     assert maximum.numpy().tolist() == [size - 1, 65535]
+
+
+# --- Keras and TF names Horovod code uses --------------------------------------
+
+def small_model(seed):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="shared"),
+                             keras.layers.Dense(1, name="local")])
+
+
+def test_broadcast_callback_keeps_local_variables(rank, size):
+    import keras
+
+    import hora.keras as hk
+
+    model = small_model(seed=5 + rank)
+    local = model.get_layer("local").kernel
+    mine = local.numpy().copy()
+    model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse",
+                  jit_compile=False)
+    x = np.ones((4, 3), np.float32)
+    model.fit(x, np.zeros((4, 1)), batch_size=2, verbose=0, callbacks=[
+        hk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[local])])
+    shared = hvd.allgather_object(model.get_layer("shared").kernel.numpy().tolist())
+    assert all(s == shared[0] for s in shared)
+    np.testing.assert_array_equal(local.numpy(), mine)  # lr 0: untouched, not broadcast
+
+
+def test_partial_distributed_optimizer_keeps_local_gradients(rank, size):
+    import keras
+
+    import hora.keras as hk
+
+    model = small_model(seed=9)
+    opt = hk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0),
+                                         local_layers=model.get_layer("local"))
+    model.compile(optimizer=opt, loss="mse", jit_compile=False)
+    start = [w.numpy().copy() for w in model.trainable_weights]
+    x = np.full((2, 3), rank + 1.0, np.float32)
+    y = np.zeros((2, 1), np.float32)
+    model.train_on_batch(x, y)
+    # the single-rank gradients, to compare against
+    reference = small_model(seed=9)
+    grads = []
+    for r in range(size):
+        with tf.GradientTape() as tape:
+            loss = keras.losses.MeanSquaredError()(y, reference(np.full((2, 3), r + 1.0)))
+        grads.append([g.numpy() for g in tape.gradient(loss, reference.trainable_weights)])
+    local = {id(w) for w in model.get_layer("local").trainable_weights}
+    for k, (weight, before) in enumerate(zip(model.trainable_weights, start)):
+        step = before - weight.numpy()
+        if id(weight) in local:  # this rank's gradient, divided by size
+            np.testing.assert_allclose(step, grads[rank][k] / size, rtol=1e-4, atol=1e-6)
+        else:
+            np.testing.assert_allclose(step, np.mean([g[k] for g in grads], axis=0), rtol=1e-4,
+                                       atol=1e-6)
+
+
+def test_partial_distributed_gradient_tape(rank, size):
+    model = small_model(seed=13)
+    x = np.full((2, 3), rank + 1.0, np.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.get_layer("local")],
+                                              scale_local_gradients=False)
+    grads = tape.gradient(loss, model.trainable_weights)
+    local_kernel = grads[2].numpy()
+    gathered = hvd.allgather_object(local_kernel.tolist())
+    if size > 1:
+        assert gathered[0] != gathered[1]  # not reduced, not scaled
+    shared = hvd.allgather_object(grads[0].numpy().tolist())
+    assert all(s == shared[0] for s in shared)
+    with pytest.raises(ValueError, match="must be of tf.keras.layers.Layer type"):
+        hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[object()])
+
+
+def test_keras_collectives_take_horovods_arguments(rank, size):
+    import hora.keras as hk
+
+    total = hk.allreduce([float(rank), 1.0], "keras.semantics.sum", op=hk.Sum)
+    np.testing.assert_allclose(total.numpy(), [sum(range(size)), size])
+    assert hk.allgather([rank], "keras.semantics.gather").numpy().tolist() == list(range(size))
+    assert hk.broadcast([rank + 5], 0, "keras.semantics.bcast").numpy().tolist() == [5]
+    rows = hk.reducescatter(np.ones((size, 2), np.float32), "keras.semantics.rs", op=hk.Sum)
+    np.testing.assert_allclose(rows.numpy(), np.full((1, 2), size))
+    for name in ("gloo_built", "gloo_enabled", "cuda_built", "rocm_built", "ddl_built",
+                 "ccl_built"):
+        assert getattr(hk, name)() in (True, False)
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        hk.broadcast_global_variables(0)
+
+
+def test_tf1_session_hook_and_helpers(rank, size):
+    graph = tf.Graph()
+    with graph.as_default():
+        variable = tf.compat.v1.get_variable("v", initializer=tf.constant([float(rank)] * 2))
+        hook = hvd.BroadcastGlobalVariablesHook(0)
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            value = session.run(variable)
+    assert value.tolist() == [0.0, 0.0]
+    assert hvd.broadcast_object_fn(root_rank=0)({"rank": rank}) == {"rank": 0}
+    assert hvd.check_num_rank_power_of_2(4) and not hvd.check_num_rank_power_of_2(6)
+    assert hvd.handle_average_backwards_compatibility(None, None) == hvd.Average

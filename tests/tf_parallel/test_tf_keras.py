@@ -61,8 +61,10 @@ def test_fit_matches_single_process_on_the_global_batch(passes, rank, size):
                                    backward_passes_per_step=passes,
                                    average_aggregated_gradients=True)
     model.compile(optimizer=opt, loss=loss_fn(), jit_compile=False)
+    # at_train_begin: the first step already starts from rank 0's weights
+    # (Horovod's default broadcasts after the first batch)
     model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
-              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0, at_train_begin=True)])
     reference.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss_fn(),
                       jit_compile=False)
     gx, gy = global_batches(x, y, BATCH * passes)

@@ -21,8 +21,10 @@ from hora.common.exceptions import (
     HostsUpdatedInterrupt)
 from hora.tensorflow import elastic
 from hora.tensorflow.compression import Compression
-from hora.tensorflow.functions import allgather_object, broadcast_object
-from hora.tensorflow.gradient_tape import DistributedGradientTape
+from hora.tensorflow.functions import (
+    BroadcastGlobalVariablesHook, allgather_object, broadcast_global_variables, broadcast_object,
+    broadcast_object_fn, check_num_rank_power_of_2, handle_average_backwards_compatibility)
+from hora.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hora.tensorflow.mpi_ops import (
     allgather, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_variables,
     global_process_set, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
     import keras
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer", "PartialDistributedGradientTape", "broadcast_global_variables",
+    "broadcast_object_fn", "check_num_rank_power_of_2", "handle_average_backwards_compatibility",
     "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
     "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "Product", "ReduceOp", "Sum",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",

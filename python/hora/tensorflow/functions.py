@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hora.common import ops as _ops
-from hora.common.arguments import check_process_set, check_root
+from hora.common.arguments import check_process_set, check_root, resolve_op
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
@@ -21,3 +21,72 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
     """Returns the list of every rank's picklable ``obj``, in rank order."""
     check_process_set(process_set, "allgather_object")
     return _ops.allgather_object(obj, name)
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: None = None) -> Any:
+    """Horovod's TF1 helper: a function ``fn(obj)`` returning ``root_rank``'s
+    ``obj`` on every rank (it needs no session here)."""
+    check_process_set(process_set, "broadcast_object_fn")
+    root_rank = check_root(root_rank, "broadcast_object_fn")
+
+    def broadcast(obj: Any) -> Any:
+        return _ops.broadcast_object(obj, root_rank, name)
+    return broadcast
+
+
+def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
+    """Horovod's helper: the reduce op from ``op`` and the deprecated
+    ``average`` (Average when neither is given)."""
+    return resolve_op(average, op, "handle_average_backwards_compatibility")
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """Whether ``num_rank`` is a power of two (Horovod's helper)."""
+    return num_rank > 0 and num_rank & (num_rank - 1) == 0
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Horovod's TF1 helper: an op assigning ``root_rank``'s values to every
+    ``tf.compat.v1.global_variables()`` of the graph. Eagerly there are no
+    global variables: raises ``RuntimeError`` as Horovod does, pointing to
+    ``broadcast_variables``."""
+    import tensorflow as tf
+
+    from hora.tensorflow.mpi_ops import broadcast_variables
+
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution. Please use "
+            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def _session_run_hook_base() -> type:
+    import tensorflow as tf
+
+    train = getattr(tf.compat.v1, "train", None)
+    return getattr(train, "SessionRunHook", object)
+
+
+class BroadcastGlobalVariablesHook(_session_run_hook_base()):
+    """Horovod's TF1 ``SessionRunHook``: once the session exists, assigns
+    ``root_rank``'s values to every global variable, so that all ranks start
+    alike (``tf.compat.v1.train.MonitoredTrainingSession(hooks=[...])``)."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = check_root(root_rank, "BroadcastGlobalVariablesHook")
+        self.bcast_op = None
+        self.device = device
+
+    def begin(self) -> None:
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if self.bcast_op is None or self.bcast_op.graph is not graph:
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        if self.bcast_op is not None:
+            session.run(self.bcast_op)

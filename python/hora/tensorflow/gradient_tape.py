@@ -27,6 +27,27 @@ class _DistributedTape:
         reduced = self._hora_reducer(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def register_local_source(self, source: tf.Variable) -> None:
+        """Keeps ``source``'s gradient out of the reduction (a variable this
+        rank trains on its own); it is divided by ``size()`` when
+        ``scale_local_gradients``, as in Horovod."""
+        self._hora_reducer.register_local(source)
+
+
+def local_layer_variables(local_layers: Any, what: str) -> list[tf.Variable]:
+    """The trainable weights of ``local_layers`` (None, a Keras layer or a
+    list of them), as Horovod's ``PartialDistributed*`` take them."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "",
@@ -47,16 +68,39 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     contiguous fused units, as Horovod does) or a list of variable lists
     reduced as units (``num_groups`` is its deprecated spelling). The
     result is an instance of a subclass of the tape's class, so it is still
-    a ``tf.GradientTape``.
+    a ``tf.GradientTape``; ``register_local_source(variable)`` keeps a
+    variable's gradient local (divided by ``size()`` when
+    ``scale_local_gradients``, the default, as in Horovod).
     Raises ``ValueError`` for a bad op, factor, groups or process set."""
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               groups, num_groups, process_set, what="DistributedGradientTape",
-                              stacklevel=2)
+                              stacklevel=2, scale_local_gradients=scale_local_gradients)
     cls = type(gradtape.__class__.__name__, (_DistributedTape, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hora_reducer = reducer
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "",
+                                   compression: type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: ReduceOp | int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: int | list[list[tf.Variable]] | None = None,
+                                   process_set: None = None, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+    """:func:`DistributedGradientTape` whose ``local_layers`` (a Keras layer
+    or a list of them) keep their gradients local: their trainable weights
+    are registered with ``register_local_source``. Raises ``ValueError``
+    when an entry of ``local_layers`` is not a Keras layer."""
+    local = local_layer_variables(local_layers, "PartialDistributedGradientTape")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for variable in local:
+        tape.register_local_source(variable)
     return tape

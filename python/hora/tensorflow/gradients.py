@@ -6,7 +6,10 @@ submission, so the engine fuses them); ``groups`` decides which of them are
 negotiated as grouped units, split as in every hora framework (see
 :mod:`hora.common.gradient_policy`). ``tf.IndexedSlices`` gradients are
 gathered from every rank unless ``sparse_as_dense`` turns them into dense
-tensors first. ``None`` gradients stay ``None``.
+tensors first. ``None`` gradients stay ``None``. Gradients of variables
+registered as local (``register_local``: model-parallel parts that each rank
+trains on its own, Horovod's ``local_layers``) are not reduced; as in
+Horovod, they are divided by ``size()`` when ``scale_local_gradients``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class GradientReducer:
                  op: ReduceOp | int = Average, gradient_predivide_factor: float = 1.0,
                  groups: Any = None, num_groups: int = 0, process_set: None = None,
                  extra_postscale: float = 1.0, what: str = "gradients",
-                 stacklevel: int = 1) -> None:
+                 stacklevel: int = 1, scale_local_gradients: bool = True) -> None:
         check_process_set(process_set, what)
         policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
                                  compression, stacklevel=stacklevel + 1)
@@ -56,6 +59,22 @@ class GradientReducer:
         self.postscale = policy.postscale * float(extra_postscale)
         self.policy = policy
         self.what = what
+        self.scale_local_gradients = bool(scale_local_gradients)
+        # the variables (tf or Keras 3) whose gradients stay local, by id;
+        # holding them keeps their ids from being reused
+        self.local = {}
+
+    def register_local(self, variable: Any) -> None:
+        """Keeps ``variable``'s gradient out of the reduction."""
+        self.local[id(variable)] = variable
+
+    def _split_local(self, grads, variables):
+        """(positions of local gradients, grads with those set to None)."""
+        if not self.local or variables is None:
+            return [], grads
+        mine = [i for i, v in enumerate(variables)
+                if id(v) in self.local and grads[i] is not None]
+        return mine, [None if i in set(mine) else g for i, g in enumerate(grads)]
 
     def units(self, grads: Sequence[Any], variables: Sequence[Any] | None = None
               ) -> list[list[int]]:
@@ -75,7 +94,15 @@ class GradientReducer:
 
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None
                  ) -> list[Any]:
-        grads = list(grads)
+        original = list(grads)
+        local, grads = self._split_local(original, variables)
+        results = self._reduce_all(grads, variables)
+        factor = 1.0 / size() if self.scale_local_gradients else 1.0
+        for i in local:
+            results[i] = _scaled(original[i], factor)
+        return results
+
+    def _reduce_all(self, grads, variables):
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]

@@ -15,19 +15,28 @@ from hora.tensorflow.mpi_ops import broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """At the start of training, sets every rank's model and optimizer
-    variables to ``root_rank``'s, so all ranks start from the same state
-    (after random initialization or a checkpoint loaded on one rank). The
-    optimizer is built first if it is not yet."""
+    """Sets every rank's model and optimizer variables to ``root_rank``'s,
+    so all ranks continue from the same state (after random initialization
+    or a checkpoint loaded on one rank). As in Horovod this happens at the
+    end of the first batch, when the optimizer's variables exist; with
+    ``at_train_begin=True`` (hora's opt-in) it happens before the first
+    batch instead, building the optimizer first, so that the first step
+    already starts from the root's weights. ``local_variables`` (a variable
+    or a list of them) keep each rank's own values."""
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None, at_train_begin=False):
         super().__init__()
         self.root_rank = check_root(root_rank, "BroadcastGlobalVariablesCallback")
+        self.device = device
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self.local_variables = {id(v): v for v in local_variables}
+        self.at_train_begin = bool(at_train_begin)
         self.broadcast_done = False
 
-    def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
+    def _broadcast(self):
         model = self.model
         # model.weights, not model.variables: Keras 3 counts the random
         # seed generators' state among the variables, and broadcasting it
@@ -38,8 +47,17 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             if not optimizer.built:
                 optimizer.build(model.trainable_variables)
             variables += list(optimizer.variables)
+        variables = [v for v in variables if id(v) not in self.local_variables]
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        if self.at_train_begin and not self.broadcast_done:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -40,10 +40,26 @@ class _DistributedOptimizer:
         self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
                                              **self._hora_settings)
 
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients _clip_gradients gets, in order. Set
+        # past Keras's attribute tracking, which would otherwise count them
+        # among the optimizer's own variables (and save them).
+        object.__setattr__(self, "_hora_variables", list(trainable_variables))
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            object.__setattr__(self, "_hora_variables", None)
+
     def _clip_gradients(self, grads):
         if self._hora_reducer is not None:
-            grads = self._hora_reducer(grads)
+            grads = self._hora_reducer(grads, getattr(self, "_hora_variables", None))
         return super()._clip_gradients(grads)
+
+    def register_local_var(self, var):
+        """Keeps ``var``'s gradient out of the reduction (a variable this
+        rank trains on its own); it is divided by ``size()`` when
+        ``scale_local_gradients``, as in Horovod."""
+        self._hora_reducer.register_local(var)
 
 
 class _DistributedLossScaleOptimizer:
@@ -62,7 +78,13 @@ class _DistributedLossScaleOptimizer:
             self.inner_optimizer._hora_reducer = None
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(self._hora_reducer(list(grads)), trainable_variables)
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else getattr(self, "_trainable_variables", None))
+        return super().apply(self._hora_reducer(list(grads), variables), trainable_variables)
+
+    def register_local_var(self, var):
+        """Keeps ``var``'s gradient out of the reduction, as Horovod's."""
+        self._hora_reducer.register_local(var)
 
 
 def distributed_class(cls: type[keras.optimizers.Optimizer],
@@ -106,10 +128,12 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     ``groups`` (an int; ``num_groups`` is its deprecated spelling) splits
     the gradients, in order, into that many contiguous fused units, as
     Horovod does.
-    ``name`` renames the optimizer; ``device_*``, ``process_set`` (other than
-    the global set) and ``scale_local_gradients`` are accepted for Horovod
-    compatibility. Raises ``TypeError`` for a non-Keras-3 optimizer and
-    ``ValueError`` for bad settings."""
+    ``register_local_var(var)`` keeps a variable's gradient local (divided
+    by ``size()`` when ``scale_local_gradients``, the default, as Horovod).
+    ``name`` renames the optimizer; ``device_*`` and ``process_set`` (other
+    than the global set) are accepted for Horovod compatibility. Raises
+    ``TypeError`` for a non-Keras-3 optimizer and ``ValueError`` for bad
+    settings."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
                         f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
@@ -145,6 +169,37 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
             extra_postscale = float(steps)  # Keras averages the accumulated passes
     settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                     gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                    process_set=process_set, extra_postscale=extra_postscale)
+                    process_set=process_set, extra_postscale=extra_postscale,
+                    scale_local_gradients=scale_local_gradients)
     GradientReducer(what=what, **settings)  # raises for bad settings before anything is built
     return distributed_class(type(optimizer), settings).from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: type[Compressor] = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0,
+                                op: ReduceOp | int = Average, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False,
+                                groups: int | None = None, process_set: None = None,
+                                local_layers: Any = None,
+                                scale_local_gradients: bool = True
+                                ) -> keras.optimizers.Optimizer:
+    """:func:`DistributedOptimizer` whose ``local_layers`` (a Keras layer or
+    a list of them) keep their gradients local, as Horovod's: their
+    trainable weights are registered with ``register_local_var``. Raises
+    ``ValueError`` when an entry of ``local_layers`` is not a Keras layer."""
+    from hora.tensorflow.gradient_tape import local_layer_variables
+
+    local = local_layer_variables(local_layers, "PartialDistributedOptimizer")
+    wrapped = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for variable in local:
+        wrapped.register_local_var(variable)
+    return wrapped
