@@ -207,3 +207,17 @@ def test_tf1_session_hook_and_helpers(rank, size):
     assert hvd.broadcast_object_fn(root_rank=0)({"rank": rank}) == {"rank": 0}
     assert hvd.check_num_rank_power_of_2(4) and not hvd.check_num_rank_power_of_2(6)
     assert hvd.handle_average_backwards_compatibility(None, None) == hvd.Average
+
+
+def test_learning_rate_schedule_constant_multiplier_decays(rank, size):
+    import keras
+
+    import hora.keras as hk
+
+    model = small_model(seed=21)
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse", jit_compile=False)
+    schedule = hk.callbacks.LearningRateScheduleCallback(0.8, multiplier=0.5, start_epoch=1)
+    x, y = np.ones((2, 3), np.float32), np.zeros((2, 1), np.float32)
+    history = model.fit(x, y, epochs=4, verbose=0, callbacks=[schedule])
+    # Horovod: multiplier ** (epoch - start_epoch) from start_epoch on, logged as "lr"
+    np.testing.assert_allclose(history.history["lr"], [1.0, 0.8, 0.4, 0.2])

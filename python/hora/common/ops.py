@@ -80,7 +80,8 @@ def allreduce(tensor: ArrayLike, name: str | None = None, op: ReduceOp | int = R
     """Reduces ``tensor`` over all ranks with ``op`` (Average by default) and
     returns the result as a new array. ``prescale_factor`` multiplies the
     input before the reduction and ``postscale_factor`` the result after it
-    (floating-point types only). float16/bfloat16 accumulate in float32."""
+    (integers: in float64, truncated toward zero, as Horovod does).
+    float16/bfloat16 accumulate in float32."""
     return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor))
 
 

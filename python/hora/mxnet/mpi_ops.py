@@ -42,7 +42,8 @@ def allreduce_(tensor: mx.nd.NDArray, average: bool | None = None, name: str | N
     """Reduces ``tensor`` over all ranks in place and returns it. ``op`` is
     Average (the default), Sum, Min, Max or Product (``average`` is the
     deprecated spelling); ``prescale_factor``/``postscale_factor`` multiply
-    the input and the result (floating-point arrays only)."""
+    the input and the result (integers: in float64, truncated toward zero,
+    as Horovod does)."""
     check_process_set(process_set, "allreduce_")
     op = resolve_op(average, op, "allreduce_")
     check_array(tensor, "allreduce_")

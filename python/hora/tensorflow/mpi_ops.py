@@ -11,9 +11,10 @@ every rank.
 
 ``allreduce`` (Sum and Average), ``grouped_allreduce``, ``allgather``,
 ``grouped_allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and
-``grouped_reducescatter`` are differentiable; their gradients are those of
-the sum over ranks of each rank's loss, and run collectives themselves, so
-every rank must differentiate through them.
+``grouped_reducescatter`` are differentiable, with Horovod's gradients
+(allgather and broadcast average the incoming gradient over ranks,
+reducescatter gathers it, times ``size()`` for Sum); they run collectives
+themselves, so every rank must differentiate through them.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str
 
     ``op`` is Average (the default), Sum, Min, Max or Product (``average``
     is the deprecated spelling). ``prescale_factor`` multiplies the input and
-    ``postscale_factor`` the result (floating-point tensors only).
+    ``postscale_factor`` the result (integers: in float64, truncated).
     ``compression`` casts for the wire and back. A ``tf.IndexedSlices`` is
     gathered from every rank (values divided by ``size()`` for Average).
     ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for

@@ -11,12 +11,12 @@ about a collective (shape, dtype, op, ...) get
 
 The synchronous ``allreduce``, ``grouped_allreduce``, ``allgather``,
 ``grouped_allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and
-``grouped_reducescatter`` are differentiable. Gradients are those of the sum
-over ranks of each rank's loss: the gradient of an allreduce is the same
-allreduce of the incoming gradients, that of an allgather is this rank's
-slice of the sum of the gradients, that of a broadcast is the summed
-gradient on the root (zero elsewhere), and so on. Their backward passes are
-collectives too, so every rank must run backward through them.
+``grouped_reducescatter`` are differentiable, with Horovod's gradients: an
+allreduce's is the same allreduce of the incoming gradients, an allgather's
+this rank's slice of their average over ranks, a broadcast's their average
+on the root (zero elsewhere), a reducescatter's their allgather (times
+``size()`` for Sum). Their backward passes are collectives too, so every
+rank must run backward through them.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
 
     ``op`` is one of Sum, Average (the default), Min, Max, Product;
     ``prescale_factor`` multiplies the input and ``postscale_factor`` the
-    result (floating-point tensors only). ``compression`` (default
+    result (integers are scaled in float64 and truncated toward zero, as
+    Horovod does). ``compression`` (default
     ``Compression.none``) casts the tensor for the wire and back.
     float16/bfloat16 accumulate in float32. Differentiable: the gradient is
     the same allreduce of the incoming gradients (for Min/Max it flows to
@@ -226,7 +227,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     in rank order. The first dimension may differ between ranks; the others
     and the dtype must match (else :class:`hora.HoraMismatchError`). A 0-d
     tensor raises ``ValueError``. Differentiable: the gradient is this rank's
-    slice of the sum over ranks of the incoming gradients."""
+    slice of the average over ranks of the incoming gradients (Horovod's)."""
     check_process_set(process_set, "allgather")
     check_tensor(tensor, "allgather")
     named = name is not None
@@ -274,8 +275,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: None = None) -> torch.Tensor:
     """Returns a new tensor holding ``root_rank``'s ``tensor`` on every rank
     (shapes and dtypes must match across ranks). Differentiable: the root's
-    gradient is the sum of every rank's incoming gradient, the other ranks'
-    is zero. Raises ``ValueError`` for a root out of range."""
+    gradient is the average of every rank's incoming gradient, the other
+    ranks' is zero (Horovod's). Raises ``ValueError`` for a root out of range."""
     check_process_set(process_set, "broadcast")
     check_tensor(tensor, "broadcast")
     root_rank = check_root(root_rank, "broadcast")
@@ -357,8 +358,8 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
     returns this rank's block of rows; when the first dimension does not
     divide by ``size()`` the first ``rows % size()`` ranks get one extra row.
     A 0-d tensor raises ``ValueError``. Differentiable: the gradient is the
-    allgather of the incoming gradients (scaled for Average and the scale
-    factors)."""
+    allgather of the incoming gradients times the scale factors, and times
+    ``size()`` for Sum (Horovod's)."""
     check_process_set(process_set, "reducescatter")
     check_tensor(tensor, "reducescatter")
     op = check_op(op)

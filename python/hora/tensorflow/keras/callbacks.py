@@ -97,7 +97,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from
     ``start_epoch`` up to (not including) ``end_epoch``.
 
-    ``multiplier`` is a number or a function of the epoch; with
+    ``multiplier`` is a function of the epoch or, as in Horovod, a number
+    ``m`` meaning ``m ** (epoch - start_epoch)`` (exponential decay); with
     ``staircase=False`` the epoch is fractional (``epoch + batch /
     steps_per_epoch``) and the rate changes every batch. With
     ``momentum_correction`` the momentum buffers of an SGD optimizer are
@@ -111,7 +112,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
                  momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__()
         self.initial_lr = float(initial_lr)
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            factor = float(multiplier)
+            self.multiplier = lambda epoch: factor ** (epoch - start_epoch)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -165,7 +170,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = float(np.asarray(self._learning_rate_variable().numpy()))
+            # "lr" as Horovod logs it, "learning_rate" as Keras 3 does
+            lr = float(np.asarray(self._learning_rate_variable().numpy()))
+            logs["lr"] = logs["learning_rate"] = lr
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
