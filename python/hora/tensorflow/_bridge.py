@@ -110,7 +110,7 @@ def _tf_error_class(error):
         tf_class = tf.errors.UnknownError
     key = (tf_class, type(error))
     if key not in _TF_ERROR_CLASSES:
-        _TF_ERROR_CLASSES[key] = type(f"{tf_class.__name__}", (tf_class, type(error)),
+        _TF_ERROR_CLASSES[key] = type(tf_class.__name__, (tf_class, type(error)),
                                       {"__module__": __name__})
     return _TF_ERROR_CLASSES[key]
 
@@ -136,19 +136,21 @@ def run(fn, inputs, out_dtypes, out_shapes, name):
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, out_dtypes)]
     _refuse_xla(name)
     node_name = _normalize(name).replace("/", "_").replace(".", "_")[:200] or "hora"
-    if not tf.compat.v1.get_default_graph().building_function:
-        outputs = _run_in_session_graph(fn, inputs, out_dtypes, node_name)
+
+    def node(*xs):
+        return list(tf.numpy_function(fn, list(xs), list(out_dtypes), stateful=True,
+                                      name=node_name))
+
+    if tf.compat.v1.get_default_graph().building_function:
+        outputs = node(*inputs)
     else:
-        outputs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
-                                    name=node_name)
-    if not isinstance(outputs, (list, tuple)):
-        outputs = [outputs]
+        outputs = _run_in_session_graph(node, inputs, node_name)
     for output, shape in zip(outputs, out_shapes):
         output.set_shape(shape)
     return list(outputs)
 
 
-def _run_in_session_graph(fn, inputs, out_dtypes, node_name):
+def _run_in_session_graph(node, inputs, node_name):
     """The collective as a node of a TF1-style graph run by a Session.
 
     A Session runs independent nodes in any order on a small pool of
@@ -165,16 +167,11 @@ def _run_in_session_graph(fn, inputs, out_dtypes, node_name):
     try:
         from tensorflow.python.data.ops import map_op
     except ImportError:  # pragma: no cover - a TensorFlow that moved it
-        return tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
-                                 name=node_name)
-
-    def body(*xs):
-        return tuple(tf.numpy_function(fn, list(xs), list(out_dtypes), stateful=True,
-                                       name=node_name))
-
+        return node(*inputs)
     with tf.name_scope(node_name):
         data = tf.data.Dataset.from_tensors(tuple(inputs))
-        data = map_op._MapDataset(data, body, use_inter_op_parallelism=False)
+        data = map_op._MapDataset(data, lambda *xs: tuple(node(*xs)),
+                                  use_inter_op_parallelism=False)
         return list(data.get_single_element())
 
 

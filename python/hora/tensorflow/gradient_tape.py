@@ -34,7 +34,7 @@ class _DistributedTape:
         self._hora_reducer.register_local(source)
 
 
-def local_layer_variables(local_layers: Any, what: str) -> list[tf.Variable]:
+def local_layer_variables(local_layers: Any) -> list[tf.Variable]:
     """The trainable weights of ``local_layers`` (None, a Keras layer or a
     list of them), as Horovod's ``PartialDistributed*`` take them."""
     import keras
@@ -97,7 +97,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
     or a list of them) keep their gradients local: their trainable weights
     are registered with ``register_local_source``. Raises ``ValueError``
     when an entry of ``local_layers`` is not a Keras layer."""
-    local = local_layer_variables(local_layers, "PartialDistributedGradientTape")
+    local = local_layer_variables(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)

@@ -74,7 +74,10 @@ class GradientReducer:
             return [], grads
         mine = [i for i, v in enumerate(variables)
                 if id(v) in self.local and grads[i] is not None]
-        return mine, [None if i in set(mine) else g for i, g in enumerate(grads)]
+        kept = list(grads)
+        for i in mine:
+            kept[i] = None
+        return mine, kept
 
     def units(self, grads: Sequence[Any], variables: Sequence[Any] | None = None
               ) -> list[list[int]]:

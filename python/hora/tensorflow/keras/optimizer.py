@@ -192,7 +192,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
     ``ValueError`` when an entry of ``local_layers`` is not a Keras layer."""
     from hora.tensorflow.gradient_tape import local_layer_variables
 
-    local = local_layer_variables(local_layers, "PartialDistributedOptimizer")
+    local = local_layer_variables(local_layers)
     wrapped = DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,
