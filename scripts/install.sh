@@ -43,4 +43,13 @@ if [ "$#" -gt 0 ]; then
 fi
 echo "installing hora$extras into $venv (compiles the C++ core; a minute or two)..."
 "$venv/bin/python" -m pip install --quiet ".$extras"
+for extra in "$@"; do
+  if [ "$extra" = tensorflow ]; then
+    # Keras 2 (tf_keras, used with TF_USE_LEGACY_KERAS=1) for the Keras 2
+    # tests. Without its dependencies: it requires the "tensorflow"
+    # distribution, which would download a second, 570 MB copy of TensorFlow
+    # next to tensorflow-cpu.
+    "$venv/bin/python" -m pip install --quiet --no-deps "tf_keras==2.21.0"
+  fi
+done
 "$venv/bin/python" -c "import hora; print('hora', hora.__version__, 'with', hora.build_info()['mpi_library'])"

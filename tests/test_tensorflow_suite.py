@@ -1,6 +1,7 @@
 """Runs tests/tf_parallel (hora.tensorflow and hora.keras) under horarun at
-world sizes 1, 2 and 3. The examples are trained by tests/test_docs.py, from
-the getting-started pages that walk through them."""
+world sizes 1, 2 and 3, with Keras 3 (TensorFlow's default), and its Keras 2
+tests with TF_USE_LEGACY_KERAS=1 (tf_keras). The examples are trained by
+tests/test_docs.py, from the getting-started pages that walk through them."""
 
 import pathlib
 
@@ -20,3 +21,18 @@ def test_tensorflow_suite(world_size, job_env):
                                   "-o", "faulthandler_timeout=240", str(ROOT / "tf_parallel")],
                      env, ROOT.parent)
     print("\n".join(line for line in output.splitlines() if " passed" in line))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_keras2_suite(world_size, job_env):
+    pytest.importorskip("tf_keras")
+    env = dict(job_env, TF_USE_LEGACY_KERAS="1", HORA_STALL_CHECK_TIME_SECONDS="30",
+               HORA_STALL_SHUTDOWN_TIME_SECONDS="90")
+    files = [str(ROOT / "tf_parallel" / name)
+             for name in ("test_tf_keras2.py", "test_tf_keras_any.py")]
+    output = run_horarun(world_size, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                      "-o", "faulthandler_timeout=240", *files], env, ROOT.parent)
+    summary = [line for line in output.splitlines() if " passed" in line]
+    print("\n".join(summary))
+    # the Keras 2 tests skip themselves when tf.keras is not Keras 2
+    assert summary and not any("skipped" in line for line in summary), output[-5000:]

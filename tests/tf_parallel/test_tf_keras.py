@@ -237,7 +237,7 @@ def test_loss_scale_optimizer_steps_together(rank, size):
 
 
 def test_distributed_optimizer_argument_errors():
-    with pytest.raises(TypeError, match="Keras 3 optimizer"):
+    with pytest.raises(TypeError, match="wraps a Keras optimizer"):
         hvd.DistributedOptimizer(object())
     with pytest.raises(ValueError, match="backward_passes_per_step must be at least 1"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)

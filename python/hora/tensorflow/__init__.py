@@ -39,6 +39,7 @@ __all__ = [
     "broadcast_object_fn", "check_num_rank_power_of_2", "handle_average_backwards_compatibility",
     "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
     "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "Product", "ReduceOp", "Sum",
+    "SyncBatchNormalization",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
     "broadcast_object", "broadcast_variables", "build_info", "ccl_built", "cross_rank",
     "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
@@ -47,6 +48,14 @@ __all__ = [
     "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
     "rank_op", "reducescatter", "rocm_built", "shutdown", "size", "size_op", "start_timeline",
     "stop_timeline"]
+
+
+def __getattr__(name: str) -> Any:
+    # SyncBatchNormalization is a Keras layer; Keras is imported when it is used
+    if name == "SyncBatchNormalization":
+        from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *args: Any,

@@ -80,12 +80,10 @@ class TensorFlowKerasState(_VariablesState):
         # generators' state among the variables, and sharing it would give
         # every rank the same dropout masks
         variables = list(self.model.weights)
-        optimizer = self.optimizer
-        if optimizer is not None:
-            if not getattr(optimizer, "built", True):
-                optimizer.build(self.model.trainable_variables)
-            found = optimizer.variables
-            variables += list(found() if callable(found) else found)
+        if self.optimizer is not None:
+            from hora.tensorflow.keras._flavor import optimizer_variables
+
+            variables += optimizer_variables(self.optimizer, self.model.trainable_variables)
         return variables
 
 

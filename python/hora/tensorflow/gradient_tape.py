@@ -37,14 +37,17 @@ class _DistributedTape:
 def local_layer_variables(local_layers: Any) -> list[tf.Variable]:
     """The trainable weights of ``local_layers`` (None, a Keras layer or a
     list of them), as Horovod's ``PartialDistributed*`` take them."""
-    import keras
+    import sys
 
+    # layers of whichever Keras the program uses (Keras 3, or Keras 2 from tf_keras)
+    layer_types = tuple(sys.modules[name].layers.Layer for name in ("keras", "tf_keras")
+                        if name in sys.modules)
     if local_layers is None:
         return []
-    if isinstance(local_layers, keras.layers.Layer):
+    if isinstance(local_layers, layer_types):
         local_layers = [local_layers]
     local_layers = list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+    if not all(isinstance(layer, layer_types) for layer in local_layers):
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     return [v for layer in local_layers for v in layer.trainable_weights]
 

@@ -1,14 +1,14 @@
 """``import hora.tensorflow.keras as hvd`` (or ``hora.keras``): Horovod's
-Keras API for the Keras 3 that TensorFlow 2.16+ ships: ``DistributedOptimizer``,
-the callbacks, ``load_model`` and the runtime functions."""
+Keras API for the Keras that ``tf.keras`` is: Keras 3 by default on
+TensorFlow 2.16+, Keras 2 (``tf_keras``) with ``TF_USE_LEGACY_KERAS=1``.
+``DistributedOptimizer``, the callbacks, ``load_model`` and the runtime
+functions."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
 from typing import Any
-
-import keras
 
 import tensorflow as tf
 
@@ -24,8 +24,9 @@ from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import (
     allgather_object, broadcast_global_variables, broadcast_object)
 from hora.tensorflow.keras import callbacks, elastic
+from hora.tensorflow.keras._flavor import keras
 from hora.tensorflow.keras.optimizer import (
-    DistributedOptimizer, PartialDistributedOptimizer, distributed_class)
+    DistributedOptimizer, PartialDistributedOptimizer, adopt)
 from hora.tensorflow.mpi_ops import global_process_set, join
 
 __all__ = [
@@ -69,21 +70,21 @@ def reducescatter(value: Any, name: str | None = None,
 
 
 def load_model(filepath: str | os.PathLike[str],
-               custom_optimizers: Iterable[type[keras.optimizers.Optimizer]] | None = None,
+               custom_optimizers: Iterable[type] | None = None,
                custom_objects: dict[str, Any] | None = None,
-               compression: type[Compressor] = Compression.none,
-               **kwargs: Any) -> keras.Model:
-    """Loads a Keras model saved with ``model.save`` and wraps its optimizer
-    in :func:`DistributedOptimizer` (with ``compression``). Every optimizer
-    class in ``keras.optimizers`` is recognized; pass your own optimizer
-    classes in ``custom_optimizers`` and other custom layers or losses in
-    ``custom_objects``. ``kwargs`` go to ``keras.models.load_model``."""
-    settings = dict(compression=compression)
-    classes = [getattr(keras.optimizers, name) for name in dir(keras.optimizers)]
-    classes = [c for c in classes
-               if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)
-               and c is not keras.optimizers.Optimizer]
-    classes += list(custom_optimizers or [])
-    objects = {cls.__name__: distributed_class(cls, settings) for cls in classes}
+               compression: type[Compressor] = Compression.none, legacy_opts: bool = False,
+               **kwargs: Any) -> Any:
+    """Loads a Keras model saved with ``model.save`` (with or without hora)
+    and makes its optimizer a :func:`DistributedOptimizer` (with
+    ``compression``), keeping the optimizer state the file holds. Pass your
+    own optimizer classes in ``custom_optimizers`` and other custom layers
+    or losses in ``custom_objects``; ``kwargs`` go to
+    ``keras.models.load_model``. ``legacy_opts`` is accepted for Horovod's
+    signature: Keras 2's legacy optimizers are recognized either way."""
+    objects = {cls.__name__: cls for cls in custom_optimizers or []}
     objects.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    model = keras.models.load_model(filepath, custom_objects=objects, **kwargs)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        adopt(optimizer, dict(compression=compression))
+    return model

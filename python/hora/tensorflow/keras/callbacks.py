@@ -5,12 +5,13 @@ Put :class:`BroadcastGlobalVariablesCallback` first and
 (checkpointing, early stopping, LR plateaus), so those see global values.
 """
 
-import keras
 import numpy as np
 
 from hora.common import ops as _ops
 from hora.common.arguments import check_root
 from hora.common.basics import size
+from hora.tensorflow.keras._flavor import (
+    keras, learning_rate, momentum_buffers, optimizer_variables, set_learning_rate)
 from hora.tensorflow.mpi_ops import broadcast_variables
 
 
@@ -44,9 +45,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(model.weights)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None:
-            if not optimizer.built:
-                optimizer.build(model.trainable_variables)
-            variables += list(optimizer.variables)
+            variables += optimizer_variables(optimizer, model.trainable_variables)
         variables = [v for v in variables if id(v) not in self.local_variables]
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
@@ -125,14 +124,12 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.current_epoch = None
 
-    def _learning_rate_variable(self):
-        optimizer = self.model.optimizer
-        lr = getattr(optimizer, "inner_optimizer", optimizer)._learning_rate
-        if not hasattr(lr, "assign"):
-            raise ValueError(f"{type(self).__name__} sets the optimizer's learning rate, which "
-                             f"is a {type(lr).__name__}; give the optimizer a float "
-                             f"learning_rate instead of a schedule")
-        return lr
+    def _learning_rate(self):
+        try:
+            return learning_rate(self.model.optimizer)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__} sets the optimizer's learning rate: "
+                             f"{error}") from None
 
     def on_train_begin(self, logs=None):
         if self.steps_per_epoch is None:
@@ -140,7 +137,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if not self.staircase and not self.steps_per_epoch:
             raise ValueError(f"{type(self).__name__}(staircase=False) needs steps_per_epoch; "
                              f"fit() did not report one (pass steps_per_epoch)")
-        self._learning_rate_variable()
+        self._learning_rate()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
@@ -150,12 +147,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self.end_epoch is None or self.current_epoch < self.end_epoch)
 
     def _set_learning_rate(self, lr):
-        variable = self._learning_rate_variable()
-        old = float(np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable))
-        variable.assign(lr)
+        old = self._learning_rate()
+        set_learning_rate(self.model.optimizer, lr)
         if self.momentum_correction and old > 0 and lr != old:
-            optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
-            for buffer in getattr(optimizer, "momentums", None) or []:
+            for buffer in momentum_buffers(self.model.optimizer):
                 buffer.assign(buffer * (lr / old))
 
     def on_batch_begin(self, batch, logs=None):
@@ -171,8 +166,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             # "lr" as Horovod logs it, "learning_rate" as Keras 3 does
-            lr = float(np.asarray(self._learning_rate_variable().numpy()))
-            logs["lr"] = logs["learning_rate"] = lr
+            logs["lr"] = logs["learning_rate"] = self._learning_rate()
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -201,3 +195,30 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             if self.verbose:
                 print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                       f"{self.initial_lr:g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's ``ModelCheckpoint`` that keeps only the best model by
+    ``monitor`` (``save_best_only=True``). As in Horovod it is made without
+    a path, which is set later (``callback.filepath = ...``, as Horovod's
+    Spark estimator does) or given here as ``filepath``; ``fit`` raises
+    ``ValueError`` if it is still unset. Keras 3 needs the path to end in
+    ``.keras`` (``.weights.h5`` with ``save_weights_only``)."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch", filepath=None):
+        # Keras 3 checks the path's suffix when the callback is made; a path
+        # set later is checked by the save itself
+        checked = filepath or ("best.weights.h5" if save_weights_only else "best.keras")
+        super().__init__(filepath=checked, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+        self.filepath = filepath
+
+    def on_train_begin(self, logs=None):
+        if not self.filepath:
+            raise ValueError("BestModelCheckpoint has no filepath: set callback.filepath (or "
+                             "pass filepath=) before fit")
+        parent = getattr(super(), "on_train_begin", None)
+        if parent is not None:
+            parent(logs)

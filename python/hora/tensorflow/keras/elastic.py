@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
 from hora.common.elastic import ObjectState, State, run
 from hora.common.exceptions import HorovodInternalError, HoraInternalError, HostsUpdatedInterrupt
 from hora.tensorflow.elastic import TensorFlowKerasState
+from hora.tensorflow.keras._flavor import keras
 
 __all__ = [
     "CommitStateCallback", "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",

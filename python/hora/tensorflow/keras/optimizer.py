@@ -1,4 +1,6 @@
-"""DistributedOptimizer for Keras 3 optimizers (the Keras TensorFlow 2.16+ ships).
+"""DistributedOptimizer for Keras 3 optimizers (the Keras TensorFlow 2.16+
+ships); Keras 2 optimizers (``tf_keras``) are handed to
+:mod:`hora.tensorflow.keras.optimizer_keras2`.
 
 ``DistributedOptimizer(opt)`` returns a new optimizer of a subclass of
 ``type(opt)`` made on the fly, configured like ``opt`` (through
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
 from hora.common.basics import Average, ReduceOp
 from hora.common.compression import Compressor
 from hora.common.gradient_policy import check_backward_passes, resolve_groups
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
+from hora.tensorflow.keras._flavor import is_tf_keras
+from hora.tensorflow.keras.optimizer_keras2 import (
+    adopt_keras2, distributed_class_keras2, distributed_optimizer_keras2)
 
 
 class _DistributedOptimizer:
@@ -37,6 +40,9 @@ class _DistributedOptimizer:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._hora_setup()
+
+    def _hora_setup(self):
         self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
                                              **self._hora_settings)
 
@@ -70,6 +76,9 @@ class _DistributedLossScaleOptimizer:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._hora_setup()
+
+    def _hora_setup(self):
         self._hora_reducer = GradientReducer(what=f"DistributedOptimizer({self.name})",
                                              **self._hora_settings)
         # load_model's custom objects also turn the inner optimizer into a
@@ -87,13 +96,17 @@ class _DistributedLossScaleOptimizer:
         self._hora_reducer.register_local(var)
 
 
-def distributed_class(cls: type[keras.optimizers.Optimizer],
-                      settings: dict[str, Any]) -> type[keras.optimizers.Optimizer]:
-    """A subclass of the Keras optimizer class ``cls`` that reduces its
-    gradients with ``settings`` (keyword arguments of GradientReducer)."""
+def distributed_class(cls: type, settings: dict[str, Any]) -> type:
+    """A subclass of the Keras optimizer class ``cls`` (Keras 3 or Keras 2)
+    that reduces its gradients with ``settings`` (keyword arguments of
+    GradientReducer)."""
+    if isinstance(cls, type) and is_tf_keras(cls):
+        return distributed_class_keras2(cls, settings)
+    import keras
+
     if not (isinstance(cls, type) and issubclass(cls, keras.optimizers.Optimizer)):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
-                        f"(keras.optimizers.Optimizer), got {getattr(cls, '__name__', cls)}")
+        raise TypeError(f"DistributedOptimizer wraps a Keras optimizer (keras.optimizers."
+                        f"Optimizer, or tf_keras's), got {getattr(cls, '__name__', cls)}")
     if issubclass(cls, (_DistributedOptimizer, _DistributedLossScaleOptimizer)):
         raise ValueError(f"{cls.__name__} is already a hora DistributedOptimizer")
     if issubclass(cls, keras.optimizers.LossScaleOptimizer):
@@ -109,15 +122,34 @@ def distributed_class(cls: type[keras.optimizers.Optimizer],
         "_hora_settings": dict(settings)})
 
 
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+def adopt(optimizer: Any, settings: dict[str, Any]) -> None:
+    """Turns ``optimizer`` (Keras 3 or Keras 2, with its state) into a hora
+    DistributedOptimizer in place, unless it is one already: what
+    ``load_model`` does to an optimizer saved without hora, whose variables
+    were already restored and must not be rebuilt."""
+    if is_tf_keras(optimizer):
+        adopt_keras2(optimizer, settings)
+        return
+    if isinstance(optimizer, (_DistributedOptimizer, _DistributedLossScaleOptimizer)):
+        return
+    # the same object as a subclass of its class; Keras's attribute
+    # tracking must not see the assignment
+    object.__setattr__(optimizer, "__class__", distributed_class(type(optimizer), settings))
+    optimizer._hora_setup()
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None,
                          device_dense: str = "", device_sparse: str = "",
                          compression: type[Compressor] = Compression.none,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp | int = Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: int | None = None, process_set: None = None,
-                         scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
+                         scale_local_gradients: bool = True) -> Any:
     """Returns a Keras optimizer that averages gradients over all ranks.
+    ``optimizer`` is a Keras 3 optimizer, or a Keras 2 one (``tf_keras``,
+    including its legacy optimizers; see
+    :mod:`hora.tensorflow.keras.optimizer_keras2` for where those reduce).
 
     ``compression`` casts for the wire (``Compression.fp16``);
     ``sparse_as_dense`` makes ``tf.IndexedSlices`` dense before reducing
@@ -132,11 +164,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     by ``size()`` when ``scale_local_gradients``, the default, as Horovod).
     ``name`` renames the optimizer; ``device_*`` and ``process_set`` (other
     than the global set) are accepted for Horovod compatibility. Raises
-    ``TypeError`` for a non-Keras-3 optimizer and ``ValueError`` for bad
-    settings."""
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer "
-                        f"(keras.optimizers.Optimizer), got {type(optimizer).__name__}")
+    ``TypeError`` for anything but a Keras optimizer and ``ValueError`` for
+    bad settings."""
     what = "DistributedOptimizer"
     steps = check_backward_passes(backward_passes_per_step, what)
     # resolved here, so that the num_groups warning is given once, not again
@@ -145,6 +174,18 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     if groups is not None and not isinstance(groups, int):
         raise ValueError(f"{what}: groups must be an int number of groups for Keras optimizers "
                          f"(lists of variables are supported by DistributedGradientTape)")
+    if is_tf_keras(optimizer):
+        settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                        process_set=process_set, scale_local_gradients=scale_local_gradients)
+        GradientReducer(what=what, **settings)  # raises for bad settings first
+        return distributed_optimizer_keras2(optimizer, name, settings, steps,
+                                            average_aggregated_gradients)
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras optimizer (keras.optimizers."
+                        f"Optimizer, or tf_keras's), got {type(optimizer).__name__}")
     if (not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
             and keras.mixed_precision.global_policy().name == "mixed_float16"):
         # compile() would wrap the optimizer in a LossScaleOptimizer, whose
@@ -175,7 +216,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     return distributed_class(type(optimizer), settings).from_config(config)
 
 
-def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None,
                                 device_dense: str = "", device_sparse: str = "",
                                 compression: type[Compressor] = Compression.none,
                                 sparse_as_dense: bool = False,
@@ -184,8 +225,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
                                 average_aggregated_gradients: bool = False,
                                 groups: int | None = None, process_set: None = None,
                                 local_layers: Any = None,
-                                scale_local_gradients: bool = True
-                                ) -> keras.optimizers.Optimizer:
+                                scale_local_gradients: bool = True) -> Any:
     """:func:`DistributedOptimizer` whose ``local_layers`` (a Keras layer or
     a list of them) keep their gradients local, as Horovod's: their
     trainable weights are registered with ``register_local_var``. Raises
