@@ -329,7 +329,7 @@ def test_argument_errors_are_raised_at_once(rank, size):
     with pytest.raises(ValueError, match="process set"):
         hvd.allreduce(x, process_set=object())
     with pytest.raises(ValueError, match="Adasum"):
-        hvd.allreduce(x, op=hvd.Adasum)
+        hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum)
     with pytest.raises(ValueError, match="Average"):
         hvd.allreduce(torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="scalar"):

@@ -134,8 +134,13 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
       }
     }
     phases.copied_in = Timeline::Clock::now();
-    status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, plan.prescale,
-                          plan.post_factor);
+    if (head.op == ReduceOp::kAdasum) {
+      status = adasum_.Run(comm_, pieces_.data(), pieces_.size(), head.dtype, plan.prescale,
+                           plan.post_factor);
+    } else {
+      status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, plan.prescale,
+                            plan.post_factor);
+    }
     phases.reduced = Timeline::Clock::now();
     if (status.ok() && plan.divisor != 1) {
       for (size_t k = 0; k < batch_size; ++k) {
@@ -146,7 +151,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   phases.copied_out = Timeline::Clock::now();
   allreduced_bytes_ += bytes;
   if (timeline_->active()) {
-    std::string path = head.on_gpu ? "nccl" : AllreducePathName(router_->Choose(bytes));
+    std::string path = head.on_gpu                    ? "nccl"
+                       : head.op == ReduceOp::kAdasum ? "adasum"
+                                                      : AllreducePathName(router_->Choose(bytes));
     for (char& c : path) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     Record(batch, batch_size, "ALLREDUCE", path + "_ALLREDUCE", decided, phases, bytes);
   }

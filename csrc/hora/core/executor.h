@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "hora/algo/adasum.h"
 #include "hora/algo/allreduce_router.h"
 #include "hora/comm/communicator.h"
 #include "hora/common/owned_buffer.h"
@@ -77,6 +78,7 @@ class Executor {
   int64_t fusion_threshold_bytes_;
   FusionBuffer fusion_buffer_;
   std::unique_ptr<AllreduceRouter> router_;
+  AdasumAllreduce adasum_;
   std::vector<Piece> pieces_;
   Timeline* timeline_;
   int64_t allreduced_bytes_ = 0;

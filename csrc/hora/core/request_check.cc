@@ -1,5 +1,7 @@
 #include "hora/core/request_check.h"
 
+#include "hora/algo/adasum.h"
+
 namespace hora {
 namespace {
 
@@ -37,11 +39,26 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
   const bool reduces =
       r.kind == CollectiveKind::kAllreduce || r.kind == CollectiveKind::kReducescatter;
   if (reduces) {
-    if (r.op == ReduceOp::kAdasum) {
-      return Invalid(r, "op=Adasum is not supported by this version of hora");
-    }
     if (static_cast<int>(r.op) >= kNumReduceOps) {
       return Invalid(r, "unknown reduce op " + std::to_string(static_cast<int>(r.op)));
+    }
+    if (r.op == ReduceOp::kAdasum) {
+      if (r.kind != CollectiveKind::kAllreduce) {
+        return Invalid(r, "op=Adasum is an allreduce; use Sum or Average here");
+      }
+      if (!IsFloatingPoint(in.dtype)) {
+        return Invalid(r, std::string("op=Adasum reduces float16, bfloat16, float32 and float64 "
+                                      "tensors, got ") +
+                              DataTypeName(in.dtype));
+      }
+      if (!IsPowerOfTwo(size)) {
+        return Invalid(r, "op=Adasum needs a number of ranks that is a power of two, got " +
+                              std::to_string(size) + " ranks");
+      }
+      if (in.device >= 0) {
+        return Invalid(r, "op=Adasum runs on host memory; copy the tensor from " +
+                              Where(in.device) + " to the CPU first");
+      }
     }
     if (in.dtype == DataType::kBool && r.op == ReduceOp::kAverage) {
       return Invalid(r,

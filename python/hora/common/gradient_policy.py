@@ -36,7 +36,8 @@ def check_gradient_op(op: ReduceOp | int, what: str) -> ReduceOp:
     or Sum. ``ValueError`` otherwise (Adasum with a word of its own)."""
     op = check_op(op)
     if op == Adasum:
-        raise ValueError(f"{what}: op=Adasum is not supported by hora; use op=Average or op=Sum")
+        raise ValueError(f"{what}: op=Adasum is not available for gradients in this version of "
+                         f"hora (hvd.allreduce(op=hvd.Adasum) is); use op=Average or op=Sum")
     if op not in (Average, Sum):
         raise ValueError(f"{what}: op must be Average or Sum, got {op.name}")
     return op

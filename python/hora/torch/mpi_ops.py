@@ -56,8 +56,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     / :func:`synchronize`; ``synchronize`` returns a new tensor with the
     reduction. ``op`` defaults to Average (``average`` is the deprecated
     spelling: True means Average, False Sum). Raises ``ValueError`` for a
-    tensor on a device other than CPU or CUDA, an unknown or unsupported op
-    (Adasum) or a process set, ``TypeError`` for an unsupported dtype. Not
+    tensor on a device other than CPU or CUDA, an unknown op, Adasum on a CUDA
+    tensor or a process set, ``TypeError`` for an unsupported dtype. Not
     differentiable."""
     check_process_set(process_set, "allreduce_async")
     op = resolve_op(average, op, "allreduce_async")
