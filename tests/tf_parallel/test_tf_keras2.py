@@ -9,9 +9,11 @@ tests/test_tensorflow_suite.py; skipped in the Keras 3 jobs."""
 
 import os
 
+import keras_helpers
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras_helpers import BATCH, STEPS, assert_same_on_every_rank, global_batches, rank_data
 
 import hora.tensorflow as hvd
 import hora.tensorflow.keras as hk
@@ -22,7 +24,6 @@ pytestmark = pytest.mark.skipif(
                                "TF_USE_LEGACY_KERAS=1")
 
 keras = tf.keras
-BATCH, STEPS = 4, 3
 
 
 class MySGD(keras.optimizers.SGD):
@@ -38,31 +39,7 @@ def make_optimizer(kind, lr, momentum):
 
 
 def make_model(seed):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
-                             keras.layers.Dense(3)])
-
-
-def rank_data(size, batches=STEPS, batch=BATCH):
-    rng = np.random.default_rng(11)
-    x = rng.normal(size=(size, batches * batch, 5)).astype(np.float32)
-    y = rng.integers(0, 3, size=(size, batches * batch))
-    return x, y
-
-
-def global_batches(x, y, batch):
-    size, rows = x.shape[0], x.shape[1]
-    order = [(r, i) for i in range(rows // batch) for r in range(size)]
-    gx = np.concatenate([x[r, i * batch:(i + 1) * batch] for r, i in order])
-    gy = np.concatenate([y[r, i * batch:(i + 1) * batch] for r, i in order])
-    return gx, gy
-
-
-def assert_same_on_every_rank(arrays):
-    mine = [np.array(a, copy=True) for a in arrays]
-    for other in hvd.allgather_object(mine):
-        for a, b in zip(other, mine):
-            np.testing.assert_array_equal(a, b)
+    return keras_helpers.make_model(keras, seed)
 
 
 def loss_fn():
@@ -199,19 +176,14 @@ def test_partial_distributed_optimizer_keeps_local_layers_local(kind, rank, size
     start = [w.copy() for w in model.get_weights()]
     opt = hk.PartialDistributedOptimizer(make_optimizer(kind, 1.0, 0.0), local_layers=[local])
     x = tf.constant(np.full((2, 3), rank + 1.0, np.float32))
-
-    def loss_of(weights_model):
-        return tf.reduce_sum(weights_model(x))
-
     grads = {}
     for r in range(size):  # every rank's gradient, from its own input
-        keras.utils.set_random_seed(80)
         copy = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
         copy.set_weights(start)
         with tf.GradientTape() as tape:
             value = tf.reduce_sum(copy(tf.constant(np.full((2, 3), r + 1.0, np.float32))))
         grads[r] = [g.numpy() for g in tape.gradient(value, copy.trainable_variables)]
-    opt.minimize(lambda: loss_of(model), model.trainable_variables)
+    opt.minimize(lambda: tf.reduce_sum(model(x)), model.trainable_variables)
     for i, (got, before) in enumerate(zip(model.get_weights(), start)):
         if i < 2:  # the shared layer: the gradient averaged over the ranks
             want = before - np.mean([grads[r][i] for r in range(size)], axis=0)

@@ -11,19 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import rank_values
+from keras_helpers import assert_same_on_every_rank
 
 import hora.tensorflow as hvd
 import hora.tensorflow.keras as hk
 
 keras = tf.keras
 ROWS, FEATURES = 4, 3
-
-
-def assert_same_on_every_rank(arrays):
-    mine = [np.array(a, copy=True) for a in arrays]
-    for other in hvd.allgather_object(mine):
-        for a, b in zip(other, mine):
-            np.testing.assert_array_equal(a, b)
 
 
 def test_sync_batch_norm_normalizes_over_the_global_batch(rank, size, mode):

@@ -219,6 +219,4 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if not self.filepath:
             raise ValueError("BestModelCheckpoint has no filepath: set callback.filepath (or "
                              "pass filepath=) before fit")
-        parent = getattr(super(), "on_train_begin", None)
-        if parent is not None:
-            parent(logs)
+        super().on_train_begin(logs)

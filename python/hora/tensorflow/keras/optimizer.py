@@ -174,11 +174,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     if groups is not None and not isinstance(groups, int):
         raise ValueError(f"{what}: groups must be an int number of groups for Keras optimizers "
                          f"(lists of variables are supported by DistributedGradientTape)")
+    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                    gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+                    process_set=process_set, scale_local_gradients=scale_local_gradients)
+    GradientReducer(what=what, **settings)  # raises for bad settings before anything is built
     if is_tf_keras(optimizer):
-        settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                        process_set=process_set, scale_local_gradients=scale_local_gradients)
-        GradientReducer(what=what, **settings)  # raises for bad settings first
         return distributed_optimizer_keras2(optimizer, name, settings, steps,
                                             average_aggregated_gradients)
     import keras
@@ -196,7 +196,6 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
-    extra_postscale = 1.0
     if steps > 1:
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             raise ValueError("backward_passes_per_step > 1 is not supported with a "
@@ -207,12 +206,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
                              f"backward_passes_per_step is {steps}; set only one of them")
         config["gradient_accumulation_steps"] = steps
         if not average_aggregated_gradients:
-            extra_postscale = float(steps)  # Keras averages the accumulated passes
-    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                    gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                    process_set=process_set, extra_postscale=extra_postscale,
-                    scale_local_gradients=scale_local_gradients)
-    GradientReducer(what=what, **settings)  # raises for bad settings before anything is built
+            # Keras averages the accumulated passes; Horovod sums them
+            settings["extra_postscale"] = float(steps)
     return distributed_class(type(optimizer), settings).from_config(config)
 
 
