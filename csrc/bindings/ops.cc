@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -12,6 +13,7 @@
 
 #include "dlpack.h"
 #include "errors.h"
+#include "hora/core/process_set.h"
 #include "hora/core/request_check.h"
 #include "hora/cuda/device_runtime.h"
 #include "runtime.h"
@@ -40,6 +42,8 @@ struct CollectiveOptions {
   std::string site;
   // The caller's CUDA stream; -1: the caller cannot say (host memory only).
   int64_t stream = -1;
+  // The process set (0: every rank); `root` is a global rank.
+  int32_t process_set = 0;
 };
 
 // A submitted collective as Python sees it. It owns the views of the
@@ -189,16 +193,15 @@ Request NewRequest(int kind, std::string name, const CollectiveOptions& o) {
 }
 
 // Queues `w`'s collective and hands `w` to Python as its Work.
-py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry entry) {
-  ThrowIfFailed(engine.EnqueueOne(std::move(entry)));
+py::object EnqueueOne(Engine& engine, int32_t set, std::unique_ptr<PyWork> w, TensorEntry entry) {
+  ThrowIfFailed(engine.EnqueueOne(set, std::move(entry)));
   w->enqueued = true;
   return py::cast(std::move(w));
 }
 
 // A list of tensors (a grouped collective when options.grouped): one Work each.
 py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
-                    const CollectiveOptions& o, py::handle outputs) {
-  const int size = engine.topology().size;
+                    const CollectiveOptions& o, py::handle outputs, int size) {
   const std::vector<std::string> name_list = names.cast<std::vector<std::string>>();
   const size_t count = name_list.size();
   if (static_cast<size_t>(py::len(inputs)) != count ||
@@ -222,7 +225,7 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
     entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits));
     works.push_back(std::move(w));
   }
-  ThrowIfFailed(engine.Enqueue(std::move(entries)));
+  ThrowIfFailed(engine.Enqueue(o.process_set, std::move(entries)));
   py::list result;
   for (auto& w : works) {
     w->enqueued = true;
@@ -235,7 +238,7 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
 // dtype code): an in-place allreduce or broadcast of a torch CPU tensor,
 // the per-gradient path of hora.torch, without a DLPack export.
 py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle name,
-                      const CollectiveOptions& o) {
+                      const CollectiveOptions& o, int size) {
   // Read with the tuple macros: this is the per-gradient path.
   PyObject* t = described.ptr();
   Request r = NewRequest(kind, name.cast<std::string>(), o);
@@ -256,32 +259,64 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
                    static_cast<DataType>(dtype));
   r.dtype = w->dtype = w->input->view().dtype;
   r.shape = w->input->view().shape;
-  TensorEntry entry = MakeEntry(w.get(), std::move(r), true, engine.topology().size, -1, o.splits);
-  return EnqueueOne(engine, std::move(w), std::move(entry));
+  TensorEntry entry = MakeEntry(w.get(), std::move(r), true, size, -1, o.splits);
+  return EnqueueOne(engine, o.process_set, std::move(w), std::move(entry));
 }
 
 // The one way in: `tensors` is a list (one Work per tensor, `names` a
 // list), a (owner, data_ptr, shape, dtype) tuple describing host memory,
 // or one tensor (`names` a str); `outputs` matches `tensors` or is None
 // (in place when options.in_place, else a result the core allocates).
-py::object Submit(int kind, py::handle tensors, py::handle names, const CollectiveOptions& o,
+py::object Submit(int kind, py::handle tensors, py::handle names, const CollectiveOptions& options,
                   py::handle outputs) {
   std::shared_ptr<Engine> engine = CurrentEngine();
   ReleaseFinishedOrphans();
+  int size = engine->topology().size;
+  const CollectiveOptions* chosen = &options;
+  CollectiveOptions in_set;
+  if (options.process_set != 0) {
+    // Inside a set, ranks are the set's: its size, and the root's place in it.
+    Engine::ProcessSetInfo set;
+    ThrowIfFailed(engine->FindProcessSet(options.process_set, &set));
+    std::string what = CollectiveKindName(static_cast<CollectiveKind>(kind));
+    if (PyUnicode_Check(names.ptr())) {
+      what += " '" + names.cast<std::string>() + "'";
+    } else if (PyList_Check(names.ptr()) && PyList_GET_SIZE(names.ptr()) > 0) {
+      what += " '" + py::handle(PyList_GET_ITEM(names.ptr(), 0)).cast<std::string>() + "'";
+    }
+    if (set.rank < 0) {
+      ThrowValueError(what + ": this process (rank " + std::to_string(engine->topology().rank) +
+                      ") is not in " + DescribeProcessSet(set.id, set.ranks) +
+                      "; only its members may call collectives on it");
+    }
+    size = static_cast<int>(set.ranks.size());
+    in_set = options;
+    if (kind == static_cast<int>(CollectiveKind::kBroadcast)) {
+      const auto at = std::find(set.ranks.begin(), set.ranks.end(), options.root);
+      if (at == set.ranks.end()) {
+        ThrowValueError(what + ": root rank " + std::to_string(options.root) + " is not in " +
+                        DescribeProcessSet(set.id, set.ranks) +
+                        " (root_rank is a global rank, as in Horovod)");
+      }
+      in_set.root = static_cast<int>(at - set.ranks.begin());
+    }
+    chosen = &in_set;
+  }
+  const CollectiveOptions& o = *chosen;
   if (PyList_Check(tensors.ptr())) {
-    return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs);
+    return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs,
+                      size);
   }
   if (PyTuple_Check(tensors.ptr())) {
-    return SubmitHost(*engine, kind, tensors, names, o);
+    return SubmitHost(*engine, kind, tensors, names, o, size);
   }
   Request r = NewRequest(kind, names.cast<std::string>(), o);
   const bool in_place = o.in_place || outputs.is(tensors);
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
                 o.dtypes.empty() ? -1 : o.dtypes[0]);
-  TensorEntry entry =
-      MakeEntry(w.get(), std::move(r), in_place, engine->topology().size, o.stream, o.splits);
-  return EnqueueOne(*engine, std::move(w), std::move(entry));
+  TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits);
+  return EnqueueOne(*engine, o.process_set, std::move(w), std::move(entry));
 }
 
 // Gives up the GIL only when the collective is still running: most waits
@@ -338,7 +373,8 @@ void RegisterOps(py::module_& m) {
       .def_readwrite("grouped", &CollectiveOptions::grouped)
       .def_readwrite("in_place", &CollectiveOptions::in_place)
       .def_readwrite("site", &CollectiveOptions::site)
-      .def_readwrite("stream", &CollectiveOptions::stream);
+      .def_readwrite("stream", &CollectiveOptions::stream)
+      .def_readwrite("process_set", &CollectiveOptions::process_set);
   m.def("submit", &Submit, py::arg("kind"), py::arg("tensors"), py::arg("names"),
         py::arg("options"), py::arg("outputs") = py::none());
   // Whether submissions should say where they come from (debug log level).

@@ -12,8 +12,9 @@ namespace py = pybind11;
 namespace hora {
 namespace {
 
-void Init(py::object comm_handle, py::object ranks) {
+void Init(py::object comm_handle, py::object ranks, bool dynamic_process_sets) {
   runtime::InitOptions options;
+  options.dynamic_process_sets = dynamic_process_sets;
   if (!comm_handle.is_none()) {
     options.has_comm = true;
     options.comm_handle = comm_handle.cast<intptr_t>();
@@ -37,6 +38,14 @@ void Shutdown() {
 
 const Topology& Topo() { return CurrentEngine()->topology(); }
 
+// Waits for an add/remove-process-set change (collective over the job).
+std::shared_ptr<Work> WaitForChange(Status submitted, std::shared_ptr<Work> work) {
+  if (!submitted.ok()) ThrowStatus(submitted);
+  Status status = WaitInterruptibly(*work);
+  if (!status.ok()) ThrowStatus(status);
+  return work;
+}
+
 py::dict BuildInfo() {
   const runtime::BuildInfo built = runtime::GetBuildInfo();
   py::dict info;
@@ -58,7 +67,33 @@ std::shared_ptr<Engine> CurrentEngine() {
 }
 
 void RegisterRuntime(py::module_& m) {
-  m.def("init", &Init, py::arg("comm_handle") = py::none(), py::arg("ranks") = py::none());
+  m.def("init", &Init, py::arg("comm_handle") = py::none(), py::arg("ranks") = py::none(),
+        py::arg("dynamic_process_sets") = false);
+  // Process sets: (ranks, this rank's rank in the set or -1) of set `id`.
+  m.def("process_set_info", [](int32_t id) {
+    Engine::ProcessSetInfo info;
+    Status status = CurrentEngine()->FindProcessSet(id, &info);
+    if (!status.ok()) ThrowStatus(status);
+    return py::make_tuple(info.ranks, info.rank);
+  });
+  m.def("process_sets", [] {
+    py::dict sets;
+    for (const auto& info : CurrentEngine()->ProcessSets()) sets[py::int_(info.id)] = info.ranks;
+    return sets;
+  });
+  m.def("dynamic_process_sets", [] { return CurrentEngine()->config().dynamic_process_sets; });
+  m.def("add_process_set", [](const std::vector<int>& ranks) {
+    std::shared_ptr<Engine> engine = CurrentEngine();
+    std::shared_ptr<Work> work;
+    Status submitted = engine->AddProcessSet(ranks, &work);
+    return WaitForChange(submitted, work)->process_set_id;
+  });
+  m.def("remove_process_set", [](int32_t id) {
+    std::shared_ptr<Engine> engine = CurrentEngine();
+    std::shared_ptr<Work> work;
+    Status submitted = engine->RemoveProcessSet(id, &work);
+    WaitForChange(submitted, work);
+  });
   m.def("shutdown", &Shutdown);
   m.def("is_initialized", &runtime::IsInitialized);
   m.def("rank", [] { return Topo().rank; });

@@ -12,6 +12,8 @@ from hora.common.basics import (
 from hora.common.exceptions import (
     HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HoraTimeoutError,
     HorovodInternalError)
+from hora.common.process_sets import (
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 from hora.common.ops import (
     Handle, allgather, allgather_async, allgather_object, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
@@ -22,6 +24,7 @@ from hora.common.ops import (
 __all__ = [
     "Adasum", "Average", "Handle", "HoraError", "HoraInternalError", "HoraMismatchError",
     "HoraShutdownError", "HoraTimeoutError", "HorovodInternalError", "Max", "Min", "Product",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
     "ReduceOp", "Sum", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
     "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",

@@ -57,7 +57,8 @@ def pretend_hosts():
 @pytest.fixture(scope="session", autouse=True)
 def hora_session():
     pretend_hosts()
-    hora.init()
+    # Dynamic process sets: tests add and remove the sets they use.
+    hora.init(process_sets="dynamic")
     yield
     hora.shutdown()
 
@@ -76,7 +77,7 @@ def restart_hora():
         for name, value in values.items():
             saved.setdefault(name, os.environ.get(name))
             os.environ[name] = str(value)
-        hora.init()
+        hora.init(process_sets="dynamic")
 
     yield restart
     if not saved:
@@ -91,4 +92,4 @@ def restart_hora():
     except hora.HoraError:
         pass  # the test stopped the job on purpose
     hora.shutdown()
-    hora.init()
+    hora.init(process_sets="dynamic")

@@ -7,6 +7,7 @@
 // the engine thread only. Reductions here cover the natively supported
 // element types; float16/bfloat16 are widened to float32 by the caller.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,12 @@ class Communicator {
   // nullptr on communicators that are themselves such a part.
   virtual Communicator* local() = 0;
   virtual Communicator* cross() = 0;
+
+  // A communicator of some of this one's ranks (a process set), made
+  // collectively: every rank calls it with the same sorted `ranks`; members
+  // get a communicator whose rank r is ranks[r], the others nullptr. It has
+  // its own local() and cross() parts where the transport can tell hosts.
+  virtual Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) = 0;
 
   // What the transport is, for build_info and logs ("MPI (Open MPI v5.0.11)").
   virtual std::string Describe() const = 0;

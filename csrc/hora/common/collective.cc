@@ -11,6 +11,8 @@ const char* CollectiveKindName(CollectiveKind kind) {
     case CollectiveKind::kReducescatter: return "reducescatter";
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kParameters: return "parameters";
+    case CollectiveKind::kAddProcessSet: return "add_process_set";
+    case CollectiveKind::kRemoveProcessSet: return "remove_process_set";
   }
   return "unknown";
 }

@@ -20,6 +20,11 @@ enum class CollectiveKind : uint8_t {
   // rank applies on the same cycle. shape = {fusion threshold bytes, cycle
   // time in microseconds}.
   kParameters = 6,
+  // Not a collective: every rank adds or removes a process set at the same
+  // point of the global set's order. Add: shape = the set's ranks; remove:
+  // shape = {the set's id}.
+  kAddProcessSet = 7,
+  kRemoveProcessSet = 8,
 };
 const char* CollectiveKindName(CollectiveKind kind);
 

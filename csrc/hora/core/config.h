@@ -37,6 +37,9 @@ struct Config {
   // in Horovod and DDP (joined ranks count as zeros), or, with
   // HORA_JOIN_AVERAGE=contributors, the ranks that submitted the tensor.
   bool join_average_over_contributors = false;
+  // hora.add_process_set / remove_process_set after init are allowed
+  // (hora.init(process_sets="dynamic") turns it on too).
+  bool dynamic_process_sets = false;
   // Element-wise kernel set: auto, generic, avx2, avx512.
   std::string cpu_kernels = "auto";
   // While a caller waits for a result, and this long after, engines run

@@ -262,6 +262,10 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
                                 r.shape.end());
       return std::to_string(r.shape.size()) + "-d " + ShapeString(rest);
     });
+  } else if (kind == CollectiveKind::kAddProcessSet) {
+    check("ranks", [](const Request& r) { return ShapeString(r.shape); });
+  } else if (kind == CollectiveKind::kRemoveProcessSet) {
+    check("process set id", [](const Request& r) { return ShapeString(r.shape); });
   } else if (kind != CollectiveKind::kBarrier) {
     check("shape", [](const Request& r) { return ShapeString(r.shape); });
   }

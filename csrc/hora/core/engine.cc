@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -43,6 +44,10 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 void Engine::Apply(const EngineParameters& parameters) {
   executor_.SetFusionThreshold(parameters.fusion_threshold_bytes);
   executor_.SetHierarchical(parameters.hierarchical);
+  for (auto& item : member_sets_) {
+    item.second->executor().SetFusionThreshold(parameters.fusion_threshold_bytes);
+    item.second->executor().SetHierarchical(parameters.hierarchical);
+  }
   cycle_time_ms_ = parameters.cycle_time_ms;
   spin_window_ = parameters.cycle_time_ms == 0 && spin_allowed_
                      ? std::chrono::microseconds(config_.spin_us)
@@ -75,6 +80,10 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   std::unique_ptr<AllreduceRouter> router;
   HORA_RETURN_IF_ERROR(AllreduceRouter::Create(engine->comm_.get(), settings, &router));
   engine->executor_.SetRouter(std::move(router));
+  engine->allreduce_settings_ = settings;
+  Engine* self = engine.get();
+  engine->executor_.SetProcessSetHandler(
+      [self](const Response& response, Work* work) { return self->ChangeProcessSets(response, work); });
   if (engine->comm_->rank() == 0) {
     HORA_LOG(kDebug) << "engine started on " << engine->comm_->size() << " ranks over "
                      << engine->comm_->Describe() << "; " << config.Describe() << "; "
@@ -112,7 +121,221 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
 
 Engine::~Engine() { Shutdown(); }
 
-Status Engine::Enqueue(std::vector<TensorEntry> entries) { return queue_.Add(std::move(entries)); }
+namespace {
+
+Status NotAMember(int32_t id, const std::vector<int>& ranks, int rank) {
+  return Status::InvalidArgument("this process (rank " + std::to_string(rank) +
+                                 ") is not in " + DescribeProcessSet(id, ranks) +
+                                 "; only its members may call collectives on it");
+}
+
+Status UnknownSet(int32_t id) {
+  return Status::InvalidArgument("there is no process set " + std::to_string(id) +
+                                 " (it was removed, or never added on this process)");
+}
+
+}  // namespace
+
+Status Engine::FindProcessSet(int32_t id, ProcessSetInfo* out) const {
+  out->id = id;
+  if (id == 0) {
+    out->ranks.resize(comm_->size());
+    for (int r = 0; r < comm_->size(); ++r) out->ranks[r] = r;
+    out->rank = comm_->rank();
+    return Status::OK();
+  }
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  auto it = set_ranks_.find(id);
+  if (it == set_ranks_.end()) return UnknownSet(id);
+  out->ranks = it->second;
+  const auto at = std::find(out->ranks.begin(), out->ranks.end(), comm_->rank());
+  out->rank = at == out->ranks.end() ? -1 : static_cast<int>(at - out->ranks.begin());
+  return Status::OK();
+}
+
+std::vector<Engine::ProcessSetInfo> Engine::ProcessSets() const {
+  std::vector<int32_t> ids{0};
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    for (const auto& item : set_ranks_) ids.push_back(item.first);
+  }
+  std::vector<ProcessSetInfo> sets;
+  for (int32_t id : ids) {
+    ProcessSetInfo info;
+    if (FindProcessSet(id, &info).ok()) sets.push_back(std::move(info));
+  }
+  return sets;
+}
+
+Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
+  if (set == 0) return queue_.Add(std::move(entries));
+  std::shared_ptr<ProcessSet> target;
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    auto it = member_sets_.find(set);
+    if (it != member_sets_.end()) target = it->second;
+    else if (set_ranks_.count(set)) return NotAMember(set, set_ranks_.at(set), comm_->rank());
+    else return UnknownSet(set);
+  }
+  return target->queue().Add(std::move(entries));
+}
+
+Status Engine::EnqueueOne(int32_t set, TensorEntry entry) {
+  if (set == 0) return queue_.AddOne(std::move(entry));
+  std::vector<TensorEntry> entries;
+  entries.push_back(std::move(entry));
+  return Enqueue(set, std::move(entries));
+}
+
+Status Engine::SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
+                               std::shared_ptr<Work>* work) {
+  TensorEntry entry;
+  entry.request.kind = kind;
+  // Every rank calls add/remove in the same order: the n-th change has the
+  // same name everywhere, and the coordinator compares what each rank asked.
+  entry.request.name = std::string(CollectiveKindName(kind)) + "#" +
+                       std::to_string(set_changes_.fetch_add(1) + 1);
+  entry.request.dtype = DataType::kInt64;
+  entry.request.shape = std::move(payload);
+  entry.input.dtype = DataType::kInt64;
+  entry.work = std::make_shared<Work>();
+  *work = entry.work;
+  return queue_.AddOne(std::move(entry));
+}
+
+Status Engine::AddProcessSet(const std::vector<int>& ranks, std::shared_ptr<Work>* work) {
+  return SubmitSetChange(CollectiveKind::kAddProcessSet,
+                         std::vector<int64_t>(ranks.begin(), ranks.end()), work);
+}
+
+Status Engine::RemoveProcessSet(int32_t id, std::shared_ptr<Work>* work) {
+  return SubmitSetChange(CollectiveKind::kRemoveProcessSet, {id}, work);
+}
+
+Status Engine::ChangeProcessSets(const Response& response, Work* work) {
+  if (response.kind == CollectiveKind::kRemoveProcessSet) {
+    const int32_t id = response.shape.empty() ? -1 : static_cast<int32_t>(response.shape[0]);
+    if (id == 0) {
+      work->Complete(Status::InvalidArgument(
+          "remove_process_set: the global process set (id 0) cannot be removed"));
+      return Status::OK();
+    }
+    std::shared_ptr<ProcessSet> removed;
+    std::vector<int> ranks;
+    {
+      std::lock_guard<std::mutex> lock(sets_mutex_);
+      auto it = set_ranks_.find(id);
+      if (it == set_ranks_.end()) {
+        work->Complete(UnknownSet(id).WithContext("remove_process_set"));
+        return Status::OK();
+      }
+      ranks = it->second;
+      set_ranks_.erase(it);
+      auto member = member_sets_.find(id);
+      if (member != member_sets_.end()) {
+        removed = member->second;
+        member_sets_.erase(member);
+      }
+    }
+    if (removed) {
+      const Status gone = Status::InvalidArgument(DescribeProcessSet(id, ranks) +
+                                                  " was removed while this collective waited");
+      removed->queue().Close(gone);
+      removed->queue().FailAll(gone);
+    }
+    HORA_LOG(kDebug) << "removed " << DescribeProcessSet(id, ranks);
+    work->Complete(Status::OK());
+    return Status::OK();
+  }
+
+  std::vector<int> ranks(response.shape.begin(), response.shape.end());
+  const std::string invalid = InvalidProcessSetRanks(ranks, comm_->size());
+  if (!invalid.empty()) {
+    work->Complete(Status::InvalidArgument("add_process_set: " + invalid));
+    return Status::OK();
+  }
+  std::sort(ranks.begin(), ranks.end());
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    int32_t existing = static_cast<int>(ranks.size()) == comm_->size() ? 0 : -1;
+    for (const auto& item : set_ranks_) {
+      if (item.second == ranks) existing = item.first;
+    }
+    if (existing >= 0) {
+      work->Complete(Status::InvalidArgument(
+          "add_process_set: " + DescribeProcessSet(existing, ranks) +
+          " has the same ranks; a set may exist only once"));
+      return Status::OK();
+    }
+  }
+  const int32_t id = next_set_id_++;
+  std::unique_ptr<Communicator> sub;
+  HORA_RETURN_IF_ERROR(comm_->Split(ranks, &sub).WithContext("add_process_set"));
+  std::shared_ptr<ProcessSet> set;
+  if (sub) {
+    Communicator* raw = sub.get();
+    raw->SetBlockingCollectives(true);
+    set = std::make_shared<ProcessSet>(id, ranks, std::move(sub), config_, &timeline_, [this] {
+      if (wakeup_) wakeup_->NotifyLocal();
+    });
+    HORA_RETURN_IF_ERROR(set->StartRouter(allreduce_settings_).WithContext("add_process_set"));
+    const EngineParameters now = parameters();
+    set->executor().SetFusionThreshold(now.fusion_threshold_bytes);
+    set->executor().SetHierarchical(now.hierarchical);
+    set->executor().SetProcessSetHandler([](const Response&, Work* w) {
+      w->Complete(Status::InvalidArgument("process sets are added and removed on the global set"));
+      return Status::OK();
+    });
+  }
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    set_ranks_[id] = ranks;
+    if (set) member_sets_[id] = set;
+  }
+  HORA_LOG(kDebug) << "added " << DescribeProcessSet(id, ranks);
+  work->process_set_id = id;
+  work->Complete(Status::OK());
+  return Status::OK();
+}
+
+std::vector<uint64_t> Engine::ProcessSetFlags() const {
+  // Every rank has the same table, so the same number of words.
+  std::vector<uint64_t> words(static_cast<size_t>(next_set_id_ + 63) / 64, 0);
+  for (const auto& item : member_sets_) {
+    if (item.second->HasWork()) words[item.first / 64] |= uint64_t(1) << (item.first % 64);
+  }
+  return words;
+}
+
+bool Engine::AnyInFlight() const {
+  if (queue_.HasInFlight()) return true;
+  for (const auto& item : member_sets_) {
+    if (item.second->queue().HasInFlight()) return true;
+  }
+  return false;
+}
+
+Status Engine::RunProcessSetCycles(const std::vector<uint64_t>& flags, bool waiting) {
+  for (auto& item : member_sets_) {
+    const int32_t id = item.first;
+    if (static_cast<size_t>(id / 64) >= flags.size() || !((flags[id / 64] >> (id % 64)) & 1)) {
+      continue;
+    }
+    ProcessSet& set = *item.second;
+    std::vector<Request> requests;
+    set.queue().TakeNewRequests(&requests);
+    CycleResult result;
+    set.comm()->SetBlockingCollectives(hot_);
+    HORA_RETURN_IF_ERROR(set.controller().RunCycle(std::move(requests), false, false, waiting,
+                                                   true, &result));
+    set.comm()->SetBlockingCollectives(result.waiting);
+    HORA_RETURN_IF_ERROR(set.executor().Run(result.responses, std::chrono::steady_clock::now()));
+    if (!result.abort.ok()) {
+      return result.abort.WithContext(DescribeProcessSet(id, set.ranks()));
+    }
+  }
+  return Status::OK();
+}
 
 Status Engine::Join(std::shared_ptr<Work>* work) {
   std::lock_guard<std::mutex> lock(join_mutex_);
@@ -153,6 +376,15 @@ void Engine::Stop(const Status& reason) {
   if (reason.code() != StatusCode::kShutdown) g_job_broken = true;
   queue_.Close(reason);
   queue_.FailAll(reason);
+  std::map<int32_t, std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    sets = member_sets_;
+  }
+  for (auto& item : sets) {
+    item.second->queue().Close(reason);
+    item.second->queue().FailAll(reason);
+  }
   std::lock_guard<std::mutex> lock(join_mutex_);
   if (join_work_) {
     join_work_->Complete(reason);
@@ -161,6 +393,9 @@ void Engine::Stop(const Status& reason) {
 }
 
 bool Engine::HasLocalWork() const {
+  for (const auto& item : member_sets_) {
+    if (item.second->HasWork()) return true;
+  }
   return queue_.HasNewRequests() || controller_.HasUnsentRequests() ||
          join_requested_.load() != join_announced_ ||
          shutdown_requested_.load() != shutdown_announced_;
@@ -196,7 +431,7 @@ void Engine::Loop() {
       if (!HasLocalWork() && pending_wants_ == 0 && stall_ms != 0) {
         // While this rank's own collectives are in flight, a quiet spell
         // ends in a cycle anyway (see kNudgeMs).
-        const bool in_flight = queue_.HasInFlight();
+        const bool in_flight = AnyInFlight();
         const bool nudge = in_flight && (stall_ms < 0 || stall_ms > kNudgeMs);
         status = wakeup_->Wait(nudge ? kNudgeMs : stall_ms, &events);
         if (status.ok() && nudge && events.timed_out) {
@@ -226,7 +461,7 @@ void Engine::Loop() {
           status = wakeup_->RequestCycle();
           want_sent = true;
         }
-        const bool in_flight = queue_.HasInFlight();
+        const bool in_flight = AnyInFlight();
         if (status.ok()) status = wakeup_->Wait(in_flight ? kNudgeMs : -1, &events);
         pending_starts_ += events.starts;
         if (status.ok() && in_flight && events.timed_out) {
@@ -309,8 +544,9 @@ bool Engine::RunOneCycle(bool* go_idle) {
   // are right behind, so blocking calls are fastest. Every rank knows
   // whether this cycle is hot, and (after negotiating) whether anyone waits.
   comm_->SetBlockingCollectives(hot_);
-  Status status =
-      controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle, &result);
+  std::vector<uint64_t> set_flags = ProcessSetFlags();
+  Status status = controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle,
+                                       &result, &set_flags);
   const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
     if (result.has_parameters) {
@@ -319,6 +555,9 @@ bool Engine::RunOneCycle(bool* go_idle) {
     }
     comm_->SetBlockingCollectives(result.waiting);
     status = executor_.Run(result.responses, negotiated);
+    // The sets this cycle found work for, after the global set's (whose
+    // responses may just have added or removed sets: their bits are 0).
+    if (status.ok()) status = RunProcessSetCycles(set_flags, result.waiting);
     const int64_t bytes = executor_.TakeAllreducedBytes();
     if (autotuner_) autotuner_->Record(bytes, negotiated);
   }

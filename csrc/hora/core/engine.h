@@ -9,6 +9,7 @@
 // exactly one also keeps every MPI call on a single thread.
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "hora/core/config.h"
 #include "hora/core/controller.h"
 #include "hora/core/executor.h"
+#include "hora/core/process_set.h"
 #include "hora/core/tensor_queue.h"
 #include "hora/core/timeline.h"
 
@@ -33,8 +35,30 @@ class Engine {
                       std::unique_ptr<Engine>* out);
   ~Engine();
 
-  Status Enqueue(std::vector<TensorEntry> entries);
+  Status Enqueue(std::vector<TensorEntry> entries) { return queue_.Add(std::move(entries)); }
   Status EnqueueOne(TensorEntry entry) { return queue_.AddOne(std::move(entry)); }
+  // The same into process set `set` (0 is the global set); the requests'
+  // ranks (broadcast roots, alltoall splits) are the set's.
+  Status Enqueue(int32_t set, std::vector<TensorEntry> entries);
+  Status EnqueueOne(int32_t set, TensorEntry entry);
+
+  // Process sets as every rank knows them. `rank` is this rank's rank in
+  // the set, -1 when it is not a member.
+  struct ProcessSetInfo {
+    int32_t id = 0;
+    std::vector<int> ranks;
+    int rank = -1;
+  };
+  // NotFound-style InvalidArgument naming the id when there is no such set.
+  Status FindProcessSet(int32_t id, ProcessSetInfo* out) const;
+  std::vector<ProcessSetInfo> ProcessSets() const;
+  // Adds a set of these (global) ranks, or removes set `id`: collective over
+  // the job, called by every rank in the same order. The Work completes
+  // once every rank has made the change (process_set_id holds a new set's
+  // id), or with the error every rank raises (ranks that differ between
+  // ranks, a duplicate set, an unknown id).
+  Status AddProcessSet(const std::vector<int>& ranks, std::shared_ptr<Work>* work);
+  Status RemoveProcessSet(int32_t id, std::shared_ptr<Work>* work);
   // Starts this rank's join; the Work completes once every rank has joined,
   // with join_last_rank set.
   Status Join(std::shared_ptr<Work>* work);
@@ -77,6 +101,17 @@ class Engine {
   bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
   void Apply(const EngineParameters& parameters);
+  // Engine thread: the cycles of the process sets the global cycle flagged
+  // (`flags`: one bit per set id), in id order.
+  Status RunProcessSetCycles(const std::vector<uint64_t>& flags, bool waiting);
+  // Which sets this rank has work for, one bit per set id (the words the
+  // global cycle ORs over every rank).
+  std::vector<uint64_t> ProcessSetFlags() const;
+  bool AnyInFlight() const;
+  // Engine thread: runs an add/remove-process-set response.
+  Status ChangeProcessSets(const Response& response, Work* work);
+  Status SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
+                         std::shared_ptr<Work>* work);
 
   std::unique_ptr<Communicator> comm_;
   Config config_;
@@ -106,6 +141,16 @@ class Engine {
   } stats_;                 // engine thread only; logged at debug level on shutdown
   int pending_starts_ = 0;  // other ranks: cycles rank 0 has started
   int pending_wants_ = 0;   // rank 0: cycles other ranks asked for
+
+  // Process sets other than the global one. Caller threads read the table;
+  // it changes only on the engine thread, at the same point of the global
+  // order on every rank (the maps are ordered: sets run in id order).
+  mutable std::mutex sets_mutex_;
+  std::map<int32_t, std::vector<int>> set_ranks_;               // every set but 0
+  std::map<int32_t, std::shared_ptr<ProcessSet>> member_sets_;  // those this rank is in
+  int32_t next_set_id_ = 1;                                     // engine thread
+  std::atomic<uint64_t> set_changes_{0};  // add/remove calls on this rank: their names
+  AllreduceSettings allreduce_settings_;
 
   std::mutex join_mutex_;
   std::shared_ptr<Work> join_work_;

@@ -72,6 +72,12 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
       return Status::Internal("no local tensor for " + std::string(CollectiveKindName(r.kind)) +
                               " '" + r.name + "'");
     }
+    if (r.kind == CollectiveKind::kAddProcessSet || r.kind == CollectiveKind::kRemoveProcessSet) {
+      if (!process_sets_) return Status::Internal("process sets are not handled here");
+      HORA_RETURN_IF_ERROR(process_sets_(r, entry.work.get()));
+      ++i;
+      continue;
+    }
     Phases phases;
     phases.start = Timeline::Clock::now();
     Status status = RunOne(r, entry);

@@ -3,6 +3,7 @@
 // adjacent compatible allreduces into one batch, works out each
 // collective's CollectivePlan, hands the bytes to the allreduce router, the
 // communicator or the GPU executor, and completes each caller's Work.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,10 @@ class Executor {
   // engine then stops. `decided` is when the cycle's negotiation ended (the
   // timeline's QUEUE phase runs from there to each collective's start).
   Status Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided);
+  // Runs add/remove-process-set responses (the engine owns the sets). It
+  // completes the Work itself; a returned error stops the engine.
+  using ProcessSetHandler = std::function<Status(const Response&, Work*)>;
+  void SetProcessSetHandler(ProcessSetHandler handler) { process_sets_ = std::move(handler); }
   // The allreduce algorithms; set once before the first Run.
   void SetRouter(std::unique_ptr<AllreduceRouter> router) { router_ = std::move(router); }
   const AllreduceRouter* router() const { return router_.get(); }
@@ -82,6 +87,7 @@ class Executor {
   std::vector<Piece> pieces_;
   Timeline* timeline_;
   int64_t allreduced_bytes_ = 0;
+  ProcessSetHandler process_sets_;
 };
 
 }  // namespace hora

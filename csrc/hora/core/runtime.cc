@@ -28,6 +28,7 @@ Status Init(const InitOptions& options) {
   Config config;
   HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
   SetLogLevel(config.log_level);
+  if (options.dynamic_process_sets) config.dynamic_process_sets = true;
   MpiWorldOptions world;
   world.has_comm = options.has_comm;
   world.comm_handle = options.comm_handle;

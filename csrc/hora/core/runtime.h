@@ -19,6 +19,8 @@ struct InitOptions {
   bool has_comm = false;
   intptr_t comm_handle = 0;
   std::vector<int> ranks;  // a subset of the world, or empty
+  // init(process_sets="dynamic"): as HORA_DYNAMIC_PROCESS_SETS=1.
+  bool dynamic_process_sets = false;
 };
 
 // Reads the configuration, forms the world and starts the engine;

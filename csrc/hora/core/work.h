@@ -41,6 +41,7 @@ class Work {
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;
   int join_last_rank = -1;
+  int32_t process_set_id = -1;  // add_process_set: the new set's id
 
  private:
   mutable std::mutex mutex_;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 import enum
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hora._loader import _C
@@ -50,18 +50,37 @@ def _comm_arguments(comm: Any) -> tuple[int | None, list[int] | None]:
     return None, ranks
 
 
-def init(comm: Any | Iterable[int] | None = None) -> None:
+def init(comm: Any | Iterable[int] | None = None,
+         process_sets: Sequence[Any] | str | None = None) -> None:
     """Starts hora on this process; collective over the job's ranks.
 
     ``comm`` is ``None`` (all of MPI_COMM_WORLD), an mpi4py communicator, or a
     list of ranks of MPI_COMM_WORLD (only those ranks call ``init``). Calling
-    ``init`` again while running does nothing. Raises ``ValueError`` for a bad
-    ``comm`` or a malformed ``HORA_*`` setting, :class:`HoraInternalError` when
-    MPI or the ranks' connections cannot be set up.
+    ``init`` again while running does nothing. ``process_sets`` is a list of
+    :class:`~hora.ProcessSet` objects to register (the same on every rank),
+    or ``"dynamic"`` to allow :func:`~hora.add_process_set` later. Raises
+    ``ValueError`` for a bad ``comm``, bad or duplicate process sets or a
+    malformed ``HORA_*`` setting, :class:`HoraInternalError` when MPI or the
+    ranks' connections cannot be set up.
     """
+    from hora.common import process_sets as sets
+    dynamic = False
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"init(process_sets={process_sets!r}): expected a list of "
+                             f"hora.ProcessSet or 'dynamic'")
+        dynamic, process_sets = True, []
+    process_sets = list(process_sets or [])
+    for ps in process_sets:
+        if not isinstance(ps, sets.ProcessSet):
+            raise TypeError(f"init(process_sets=...): expected hora.ProcessSet objects, got "
+                            f"{type(ps).__name__}")
     handle, ranks = _comm_arguments(comm)
-    _C.init(handle, ranks)
+    running = _C.is_initialized()
+    _C.init(handle, ranks, dynamic)
     call_site.refresh()
+    if not running:
+        sets.setup_at_init(process_sets)
 
 
 def shutdown() -> None:

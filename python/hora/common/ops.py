@@ -24,6 +24,7 @@ from hora.common._adapter.submission import (
     KIND_REDUCESCATTER, submit_arrays)
 from hora.common.arguments import op_value
 from hora.common.basics import ReduceOp, rank
+from hora.common.process_sets import ProcessSet, global_process_set, process_set_id
 
 __all__ = [
     "Handle", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
@@ -64,138 +65,162 @@ def _returns(values: Any) -> Callable[[Any], Any]:
 
 def allreduce_async(tensor: ArrayLike, name: str | None = None,
                     op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> Handle:
+                    postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an allreduce and returns a :class:`Handle`; ``synchronize`` gives
     a new array holding the reduction of ``tensor`` over all ranks."""
-    name = check_name(name, "allreduce")
+    name = check_name(name, "allreduce", process_set_id(process_set))
     x = _as_array(tensor, f"allreduce '{name}'")
     out = np.empty_like(x)
     works = submit_arrays(KIND_ALLREDUCE, [name], [x], [out], op_value(op), 0, prescale_factor,
-                          postscale_factor)
+                          postscale_factor,
+                          process_set=process_set_id(process_set))
     return OneHandle(works[0], out)
 
 
 def allreduce(tensor: ArrayLike, name: str | None = None, op: ReduceOp | int = ReduceOp.Average,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduces ``tensor`` over all ranks with ``op`` (Average by default) and
     returns the result as a new array. ``prescale_factor`` multiplies the
     input before the reduction and ``postscale_factor`` the result after it
     (integers: in float64, truncated toward zero, as Horovod does).
     float16/bfloat16 accumulate in float32."""
-    return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor))
+    return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor,
+                                       process_set=process_set))
 
 
 def allreduce_async_(tensor: Any, name: str | None = None, op: ReduceOp | int = ReduceOp.Average,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``, which
     must be a writable contiguous array."""
-    name = check_name(name, "allreduce")
+    name = check_name(name, "allreduce", process_set_id(process_set))
     _check_writable_array(tensor, "allreduce_", name)
     work = submission.submit_one_array(KIND_ALLREDUCE, name, tensor, True, op_value(op),
-                                       prescale_factor, postscale_factor)
+                                       prescale_factor, postscale_factor,
+                                       process_set_id(process_set))
     return OneHandle(work, tensor)
 
 
 def allreduce_(tensor: Any, name: str | None = None, op: ReduceOp | int = ReduceOp.Average,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> Any:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return synchronize(allreduce_async_(tensor, name, op, prescale_factor, postscale_factor))
+    return synchronize(allreduce_async_(tensor, name, op, prescale_factor, postscale_factor,
+                                        process_set=process_set))
 
 
 def grouped_allreduce_async(tensors: Iterable[ArrayLike], name: str | None = None,
                             op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> Handle:
+                            postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an allreduce of a list of tensors that are negotiated and fused
     as one unit; ``synchronize`` gives a list of new arrays."""
     tensors = list(tensors)
-    names = group_names(name, len(tensors), "grouped_allreduce")
+    names = group_names(name, len(tensors), "grouped_allreduce", process_set_id(process_set))
     inputs = [_as_array(t, f"grouped_allreduce '{n}'") for t, n in zip(tensors, names)]
     outputs = [np.empty_like(x) for x in inputs]
     works = submit_arrays(KIND_ALLREDUCE, names, inputs, outputs, op_value(op), 0,
-                          prescale_factor, postscale_factor, grouped=True)
+                          prescale_factor, postscale_factor, grouped=True,
+                          process_set=process_set_id(process_set))
     return Handle(works, _returns(outputs))
 
 
 def grouped_allreduce(tensors: Iterable[ArrayLike], name: str | None = None,
                       op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list[np.ndarray]:
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
     """Allreduce of a list of tensors as one fused unit; returns a list."""
     return synchronize(grouped_allreduce_async(tensors, name, op, prescale_factor,
-                                               postscale_factor))
+                                               postscale_factor, process_set=process_set))
 
 
 def grouped_allreduce_async_(tensors: Iterable[Any], name: str | None = None,
                              op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0) -> Handle:
+                             postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`grouped_allreduce_async`."""
     tensors = list(tensors)
-    names = group_names(name, len(tensors), "grouped_allreduce")
+    names = group_names(name, len(tensors), "grouped_allreduce", process_set_id(process_set))
     for tensor, tensor_name in zip(tensors, names):
         _check_writable_array(tensor, "grouped_allreduce_", tensor_name)
     works = submit_arrays(KIND_ALLREDUCE, names, tensors, tensors, op_value(op), 0,
-                          prescale_factor, postscale_factor, grouped=True)
+                          prescale_factor, postscale_factor, grouped=True,
+                          process_set=process_set_id(process_set))
     return Handle(works, _returns(tensors))
 
 
 def grouped_allreduce_(tensors: Iterable[Any], name: str | None = None,
                        op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> list[Any]:
+                       postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """In-place :func:`grouped_allreduce`; returns the list of tensors."""
     return synchronize(grouped_allreduce_async_(tensors, name, op, prescale_factor,
-                                                postscale_factor))
+                                                postscale_factor, process_set=process_set))
 
 
 # --- allgather, broadcast, alltoall, reducescatter ----------------------------
 
-def allgather_async(tensor: ArrayLike, name: str | None = None) -> Handle:
+def allgather_async(tensor: ArrayLike, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an allgather; see :func:`allgather`."""
-    name = check_name(name, "allgather")
+    name = check_name(name, "allgather", process_set_id(process_set))
     x = _as_array(tensor, f"allgather '{name}'")
-    works = submit_arrays(KIND_ALLGATHER, [name], [x])
+    works = submit_arrays(KIND_ALLGATHER, [name], [x],
+                          process_set=process_set_id(process_set))
     return Handle(works, _owned_result(x.dtype))
 
 
-def allgather(tensor: ArrayLike, name: str | None = None) -> np.ndarray:
+def allgather(tensor: ArrayLike, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
     order. The first dimension may differ between ranks; the others must not."""
-    return synchronize(allgather_async(tensor, name))
+    return synchronize(allgather_async(tensor, name, process_set=process_set))
 
 
-def broadcast_async(tensor: ArrayLike, root_rank: int, name: str | None = None) -> Handle:
+def broadcast_async(tensor: ArrayLike, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
     """Starts a broadcast; see :func:`broadcast`."""
-    name = check_name(name, "broadcast")
+    name = check_name(name, "broadcast", process_set_id(process_set))
     x = _as_array(tensor, f"broadcast '{name}'")
     out = np.empty_like(x)
-    works = submit_arrays(KIND_BROADCAST, [name], [x], [out], root=int(root_rank))
+    works = submit_arrays(KIND_BROADCAST, [name], [x], [out], root=int(root_rank),
+                          process_set=process_set_id(process_set))
     return OneHandle(works[0], out)
 
 
-def broadcast(tensor: ArrayLike, root_rank: int, name: str | None = None) -> np.ndarray:
+def broadcast(tensor: ArrayLike, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns a new array holding ``root_rank``'s ``tensor`` on every rank."""
-    return synchronize(broadcast_async(tensor, root_rank, name))
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set=process_set))
 
 
-def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None) -> Handle:
+def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`broadcast_async`."""
-    name = check_name(name, "broadcast")
+    name = check_name(name, "broadcast", process_set_id(process_set))
     _check_writable_array(tensor, "broadcast_", name)
-    works = submit_arrays(KIND_BROADCAST, [name], [tensor], [tensor], root=int(root_rank))
+    works = submit_arrays(KIND_BROADCAST, [name], [tensor], [tensor], root=int(root_rank),
+                          process_set=process_set_id(process_set))
     return OneHandle(works[0], tensor)
 
 
-def broadcast_(tensor: Any, root_rank: int, name: str | None = None) -> Any:
+def broadcast_(tensor: Any, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> Any:
     """Overwrites ``tensor`` with ``root_rank``'s values; returns ``tensor``."""
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set=process_set))
 
 
 def alltoall_async(tensor: ArrayLike, splits: ArrayLike | None = None,
-                   name: str | None = None) -> Handle:
+                   name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an alltoall; see :func:`alltoall`."""
-    name = check_name(name, "alltoall")
+    name = check_name(name, "alltoall", process_set_id(process_set))
     x = _as_array(tensor, f"alltoall '{name}'")
     if splits is not None:
         splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-    works = submit_arrays(KIND_ALLTOALL, [name], [x], splits=splits)
+    works = submit_arrays(KIND_ALLTOALL, [name], [x], splits=splits,
+                          process_set=process_set_id(process_set))
 
     def finish(works):
         received = np.asarray(works[0].received_splits, dtype=np.int64)
@@ -204,40 +229,46 @@ def alltoall_async(tensor: ArrayLike, splits: ArrayLike | None = None,
 
 
 def alltoall(tensor: ArrayLike, splits: ArrayLike | None = None,
-             name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+             name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> tuple[np.ndarray, np.ndarray]:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r`` and
     returns ``(output, received_splits)``: the rows received from every rank,
     concatenated in rank order, and how many came from each. Without
     ``splits`` the first dimension is divided evenly."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    return synchronize(alltoall_async(tensor, splits, name, process_set=process_set))
 
 
 def reducescatter_async(tensor: ArrayLike, name: str | None = None,
                         op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> Handle:
+                        postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> Handle:
     """Starts a reducescatter; see :func:`reducescatter`."""
-    name = check_name(name, "reducescatter")
+    name = check_name(name, "reducescatter", process_set_id(process_set))
     x = _as_array(tensor, f"reducescatter '{name}'")
     works = submit_arrays(KIND_REDUCESCATTER, [name], [x], op=op_value(op),
-                          prescale=prescale_factor, postscale=postscale_factor)
+                          prescale=prescale_factor, postscale=postscale_factor,
+                          process_set=process_set_id(process_set))
     return Handle(works, _owned_result(x.dtype))
 
 
 def reducescatter(tensor: ArrayLike, name: str | None = None,
                   op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> np.ndarray:
+                  postscale_factor: float = 1.0,
+                  process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduces ``tensor`` over all ranks and returns this rank's block of rows.
     When the first dimension does not divide evenly, the first
     ``rows % size()`` ranks get one extra row."""
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor))
+    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor,
+                                           process_set=process_set))
 
 
 # --- synchronization and objects ---------------------------------------------
 
-def barrier() -> None:
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank has called ``barrier``."""
-    name = auto_name("barrier")
-    works = submit_arrays(KIND_BARRIER, [name], [np.zeros(0, np.uint8)])
+    name = auto_name("barrier", process_set_id(process_set))
+    works = submit_arrays(KIND_BARRIER, [name], [np.zeros(0, np.uint8)],
+                          process_set=process_set_id(process_set))
     synchronize(Handle(works, _returns(None)))
 
 
@@ -249,26 +280,30 @@ def join() -> int:
     return submission.join()
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Returns ``root_rank``'s picklable ``obj`` on every rank."""
-    name = check_name(name, "broadcast_object")
+    name = check_name(name, "broadcast_object", process_set_id(process_set))
     payload = np.frombuffer(pickle.dumps(obj), np.uint8) if rank() == root_rank else None
     length = np.array([0 if payload is None else payload.size], np.int64)
-    broadcast_(length, root_rank, name + ".length")
+    broadcast_(length, root_rank, name + ".length", process_set=process_set)
     if payload is None:
         payload = np.empty(int(length[0]), np.uint8)
     else:
         payload = payload.copy()
-    broadcast_(payload, root_rank, name + ".data")
+    broadcast_(payload, root_rank, name + ".data", process_set=process_set)
     return obj if rank() == root_rank else pickle.loads(payload.tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
-    """Returns the list of every rank's picklable ``obj``, in rank order."""
-    name = check_name(name, "allgather_object")
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Returns the list of every rank's picklable ``obj``, in rank order
+    (the set's ranks with ``process_set``)."""
+    name = check_name(name, "allgather_object", process_set_id(process_set))
     payload = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = allgather(np.array([payload.size], np.int64), name + ".length")
-    data = allgather(payload, name + ".data").tobytes()
+    lengths = allgather(np.array([payload.size], np.int64), name + ".length",
+                        process_set=process_set)
+    data = allgather(payload, name + ".data", process_set=process_set).tobytes()
     result, offset = [], 0
     for length in lengths:
         result.append(pickle.loads(data[offset:offset + int(length)]))

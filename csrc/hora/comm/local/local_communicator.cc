@@ -1,5 +1,6 @@
 #include "hora/comm/local/local_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace hora {
@@ -131,6 +132,31 @@ std::vector<std::unique_ptr<LocalCommunicator>> LocalCommunicator::CreateWorld(i
     comms.push_back(std::move(comm));
   }
   return comms;
+}
+
+std::shared_ptr<LocalWorld> LocalWorld::SubWorld(uint64_t sequence, int size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<LocalWorld>& world = sub_worlds_[sequence];
+  if (!world) world = std::make_shared<LocalWorld>(size);
+  return world;
+}
+
+Status LocalCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
+  out->reset();
+  const uint64_t sequence = splits_++;
+  const auto position = std::find(ranks.begin(), ranks.end(), rank());
+  if (position == ranks.end()) return Status::OK();
+  Topology t;
+  t.rank = static_cast<int>(position - ranks.begin());
+  t.size = static_cast<int>(ranks.size());
+  t.local_rank = t.rank;
+  t.local_size = t.size;
+  t.hostname = topology_.hostname;
+  std::unique_ptr<LocalCommunicator> sub(
+      new LocalCommunicator(world_->SubWorld(sequence, t.size), t));
+  sub->world_->timeout = world_->timeout;
+  *out = std::move(sub);
+  return Status::OK();
 }
 
 std::string LocalCommunicator::Describe() const {

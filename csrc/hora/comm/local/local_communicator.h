@@ -30,6 +30,10 @@ class LocalWorld {
   // peer never sends reports that instead of hanging).
   Status Receive(int source, int dest, int tag, std::string* message);
 
+  // The world of a Split: the first member to ask makes it, the others
+  // find it by the split's sequence number.
+  std::shared_ptr<LocalWorld> SubWorld(uint64_t sequence, int size);
+
   std::chrono::milliseconds timeout{60000};
 
  private:
@@ -37,6 +41,7 @@ class LocalWorld {
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<std::tuple<int, int, int>, std::deque<std::string>> queues_;
+  std::map<uint64_t, std::shared_ptr<LocalWorld>> sub_worlds_;
 };
 
 class LocalCommunicator : public Communicator {
@@ -71,6 +76,8 @@ class LocalCommunicator : public Communicator {
   void SetTimeout(std::chrono::milliseconds timeout) { world_->timeout = timeout; }
   Communicator* local() override { return local_.get(); }
   Communicator* cross() override { return cross_.get(); }
+  // The subset's ranks count as one host (no local or cross parts).
+  Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
   std::string Describe() const override;
 
  private:
@@ -93,6 +100,7 @@ class LocalCommunicator : public Communicator {
   };
   std::deque<Pending> pending_;
   int next_id_ = 0;
+  uint64_t splits_ = 0;  // Split calls so far (the same count on every rank)
 };
 
 }  // namespace hora

@@ -108,7 +108,7 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
         "needed because hora runs collectives on a background thread)");
   }
 
-  std::unique_ptr<MpiCommunicator> result(new MpiCommunicator());
+  MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm base = options.comm == MPI_COMM_NULL ? MPI_COMM_WORLD : options.comm;
   if (!options.ranks.empty()) {
     int world_rank = 0, world_size = 0;
@@ -131,12 +131,20 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
     MPI_Comm_group(MPI_COMM_WORLD, &world_group);
     HORA_MPI_CALL(MPI_Group_incl(world_group, static_cast<int>(options.ranks.size()),
                                  options.ranks.data(), &sub_group));
-    HORA_MPI_CALL(MPI_Comm_create_group(MPI_COMM_WORLD, sub_group, 0, &result->comm_));
+    HORA_MPI_CALL(MPI_Comm_create_group(MPI_COMM_WORLD, sub_group, 0, &comm));
     MPI_Group_free(&sub_group);
     MPI_Group_free(&world_group);
   } else {
-    HORA_MPI_CALL(MPI_Comm_dup(base, &result->comm_));
+    HORA_MPI_CALL(MPI_Comm_dup(base, &comm));
   }
+  return Adopt(comm, options.hostname, out);
+}
+
+Status MpiCommunicator::Adopt(MPI_Comm comm, const std::string& hostname,
+                              std::unique_ptr<MpiCommunicator>* out) {
+  std::unique_ptr<MpiCommunicator> result(new MpiCommunicator());
+  result->comm_ = comm;
+  result->hostname_override_ = hostname;
   MPI_Comm_set_errhandler(result->comm_, MPI_ERRORS_RETURN);
 
   Topology& t = result->topology_;
@@ -144,16 +152,16 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
   MPI_Comm_size(result->comm_, &t.size);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  t.hostname = options.hostname.empty() ? std::string(host) : options.hostname;
+  t.hostname = hostname.empty() ? std::string(host) : hostname;
   MPI_Comm local;
-  if (options.hostname.empty()) {
+  if (hostname.empty()) {
     HORA_MPI_CALL(
         MPI_Comm_split_type(result->comm_, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
   } else {
     // Ranks that name the same host form a host; its lowest rank is the color.
     std::vector<char> names(static_cast<size_t>(t.size) * 256, 0);
     char mine[256] = {0};
-    std::strncpy(mine, options.hostname.c_str(), sizeof(mine) - 1);
+    std::strncpy(mine, hostname.c_str(), sizeof(mine) - 1);
     HORA_MPI_CALL(MPI_Allgather(mine, 256, MPI_CHAR, names.data(), 256, MPI_CHAR, result->comm_));
     int color = t.rank;
     for (int r = 0; r < t.size; ++r) {
@@ -176,6 +184,22 @@ Status MpiCommunicator::Create(const MpiInitOptions& options,
   t.homogeneous = min_local == max_local;
   result->local_ = Part(local, true);
   result->cross_ = Part(cross, false);
+  *out = std::move(result);
+  return Status::OK();
+}
+
+Status MpiCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
+  out->reset();
+  const int me = topology_.rank;
+  const auto position = std::find(ranks.begin(), ranks.end(), me);
+  const bool member = position != ranks.end();
+  MPI_Comm sub = MPI_COMM_NULL;
+  HORA_MPI_CALL(MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED,
+                               member ? static_cast<int>(position - ranks.begin()) : 0, &sub));
+  if (!member) return Status::OK();
+  std::unique_ptr<MpiCommunicator> result;
+  HORA_RETURN_IF_ERROR(Adopt(sub, hostname_override_, &result));
+  result->SetBlockingCollectives(blocking_);
   *out = std::move(result);
   return Status::OK();
 }

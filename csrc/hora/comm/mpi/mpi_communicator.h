@@ -51,6 +51,7 @@ class MpiCommunicator : public Communicator {
   }
   Communicator* local() override { return local_.get(); }
   Communicator* cross() override { return cross_.get(); }
+  Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
   std::string Describe() const override;
 
   // Finalizes MPI at process exit if hora was the one to initialize it.
@@ -59,6 +60,10 @@ class MpiCommunicator : public Communicator {
 
  private:
   MpiCommunicator() = default;
+  // Takes over `comm` (already duplicated) and learns its topology and its
+  // local and cross parts; collective over `comm`.
+  static Status Adopt(MPI_Comm comm, const std::string& hostname,
+                      std::unique_ptr<MpiCommunicator>* out);
   // Wraps `comm` (taking ownership) as a part of a larger communicator.
   static std::unique_ptr<MpiCommunicator> Part(MPI_Comm comm, bool one_host);
   // Completes a nonblocking call, napping (see common/backoff.h) rather than
@@ -71,6 +76,7 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<MpiCommunicator> cross_;
   std::vector<MPI_Request> requests_;
   bool blocking_ = false;
+  std::string hostname_override_;  // HORA_HOSTNAME, kept for Split
 };
 
 }  // namespace hora

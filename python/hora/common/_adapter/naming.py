@@ -13,25 +13,27 @@ _counter_lock = threading.Lock()
 _counters: dict[str, Iterator[int]] = {}
 
 
-def auto_name(kind: str) -> str:
-    """The next automatic name for an unnamed collective of ``kind``."""
+def auto_name(kind: str, process_set: int = 0) -> str:
+    """The next automatic name for an unnamed collective of ``kind``. Each
+    process set counts on its own: only its members make its calls."""
+    key = kind if process_set == 0 else f"{kind}@{process_set}"
     with _counter_lock:
-        counter = _counters.setdefault(kind, itertools.count())
+        counter = _counters.setdefault(key, itertools.count())
         return f"{kind}.noname.{next(counter)}"
 
 
-def check_name(name: str | None, kind: str) -> str:
+def check_name(name: str | None, kind: str, process_set: int = 0) -> str:
     """``name``, or an automatic one when it is None; ``TypeError`` for a
     name that is not a str."""
     if name is None:
-        return auto_name(kind)
+        return auto_name(kind, process_set)
     if not isinstance(name, str):
         raise TypeError(f"{kind}: name must be a str, got {type(name).__name__}")
     return name
 
 
-def group_names(name: str | None, count: int, kind: str) -> list[str]:
+def group_names(name: str | None, count: int, kind: str, process_set: int = 0) -> list[str]:
     """Names of the ``count`` members of a grouped collective: one base
     name (``name`` or an automatic one) with the member's index appended."""
-    base = check_name(name, kind)
+    base = check_name(name, kind, process_set)
     return [f"{base}.{i}" for i in range(count)]

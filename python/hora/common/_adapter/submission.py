@@ -46,8 +46,9 @@ def wire(array: Any) -> tuple[Any, int]:
 
 def _make_options(op: int, root: int, prescale: float, postscale: float, in_place: bool,
                   grouped: bool, stream: int, dtypes: Sequence[int],
-                  splits: Sequence[int] | None, site: str) -> Any:
+                  splits: Sequence[int] | None, site: str, process_set: int = 0) -> Any:
     made = _C.CollectiveOptions()
+    made.process_set = process_set
     made.op = int(op)
     made.root = int(root)
     made.prescale = float(prescale)
@@ -65,27 +66,30 @@ def _make_options(op: int, root: int, prescale: float, postscale: float, in_plac
 # rest of a per-gradient submission. Bounded, since scale factors can vary.
 @functools.lru_cache(maxsize=1024)
 def _shared_options(op: int, root: int, prescale: float, postscale: float, in_place: bool,
-                    grouped: bool, stream: int, dtype: int) -> Any:
+                    grouped: bool, stream: int, dtype: int, process_set: int = 0) -> Any:
     return _make_options(op, root, prescale, postscale, in_place, grouped, stream,
-                         () if dtype == -1 else (dtype,), None, "")
+                         () if dtype == -1 else (dtype,), None, "", process_set)
 
 
 def options(op: int = 1, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
             in_place: bool = False, grouped: bool = False, stream: int = -1,
-            dtypes: Sequence[int] = (), splits: Sequence[int] | None = None) -> Any:
+            dtypes: Sequence[int] = (), splits: Sequence[int] | None = None,
+            process_set: int = 0) -> Any:
     """The core's CollectiveOptions for these settings (and the caller's
-    call site at debug log level)."""
+    call site at debug log level). ``process_set`` is the set's id (0: every
+    rank); ``root`` stays a global rank."""
     if call_site.recording or splits is not None or len(dtypes) > 1:
         return _make_options(op, root, prescale, postscale, in_place, grouped, stream, dtypes,
-                             splits, call_site.describe())
+                             splits, call_site.describe(), process_set)
     return _shared_options(op, root, prescale, postscale, in_place, grouped, stream,
-                           dtypes[0] if dtypes else -1)
+                           dtypes[0] if dtypes else -1, process_set)
 
 
 def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
                   outputs: Sequence[Any] | None = None, op: int = 1, root: int = 0,
                   prescale: float = 1.0, postscale: float = 1.0,
-                  splits: list[int] | None = None, grouped: bool = False) -> list[Any]:
+                  splits: list[int] | None = None, grouped: bool = False,
+                  process_set: int = 0) -> list[Any]:
     """Submits NumPy arrays (or buffer / DLPack producers) as one request;
     an output that is its input makes that member in place. Returns one
     Work per input."""
@@ -102,12 +106,12 @@ def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
         dtypes = []
     return _C.submit(kind, wire_inputs, list(names),
                      options(op, root, prescale, postscale, grouped=grouped, dtypes=dtypes,
-                             splits=splits),
+                             splits=splits, process_set=process_set),
                      wire_outputs)
 
 
 def submit_one_array(kind: int, name: str, array: Any, in_place: bool, op: int,
-                     prescale: float, postscale: float) -> Any:
+                     prescale: float, postscale: float, process_set: int = 0) -> Any:
     """Submits one NumPy array (or buffer / DLPack producer); returns its Work."""
     dtype = getattr(array, "dtype", None)
     code = -1
@@ -117,34 +121,38 @@ def submit_one_array(kind: int, name: str, array: Any, in_place: bool, op: int,
     if call_site.recording:
         dtypes = () if code == -1 else (code,)
         return _C.submit(kind, array, name,
-                         options(op, 0, prescale, postscale, in_place=in_place, dtypes=dtypes))
+                         options(op, 0, prescale, postscale, in_place=in_place, dtypes=dtypes,
+                                 process_set=process_set))
     return _C.submit(kind, array, name,
-                     _shared_options(op, 0, prescale, postscale, in_place, False, -1, code))
+                     _shared_options(op, 0, prescale, postscale, in_place, False, -1, code,
+                                     process_set))
 
 
 def submit_tensors(kind: int, names: Sequence[str], inputs: Sequence[Any],
                    outputs: Sequence[Any] | None, op: int, root: int, prescale: float,
                    postscale: float, splits: list[int] | None, grouped: bool,
-                   stream: int = -1) -> list[Any]:
+                   stream: int = -1, process_set: int = 0) -> list[Any]:
     """Submits framework tensors the core reads through DLPack, with their
     own dtypes. ``stream`` is the CUDA stream that produced GPU tensors
     (-1: host tensors). Returns one Work per input."""
     return _C.submit(kind, list(inputs), list(names),
                      options(int(op), int(root), prescale, postscale, grouped=grouped,
-                             stream=stream, splits=splits),
+                             stream=stream, splits=splits, process_set=process_set),
                      None if outputs is None else list(outputs))
 
 
 def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequence[int],
                     dtype_code: int, op: int, root: int, prescale: float,
-                    postscale: float) -> Any:
+                    postscale: float, process_set: int = 0) -> Any:
     """Submits one contiguous host tensor by pointer, in place: ``owner``
     keeps the memory alive until the Work is released. Returns the Work."""
     if call_site.recording:
         return _C.submit(kind, (owner, data_ptr, shape, dtype_code), name,
-                         options(op, root, prescale, postscale, in_place=True))
+                         options(op, root, prescale, postscale, in_place=True,
+                                 process_set=process_set))
     return _C.submit(kind, (owner, data_ptr, shape, dtype_code), name,
-                     _shared_options(op, root, prescale, postscale, True, False, -1, -1))
+                     _shared_options(op, root, prescale, postscale, True, False, -1, -1,
+                                     process_set))
 
 
 def join() -> int:
