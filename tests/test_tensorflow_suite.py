@@ -1,7 +1,8 @@
 """Runs tests/tf_parallel (hora.tensorflow and hora.keras) under horarun at
 world sizes 1, 2 and 3, with Keras 3 (TensorFlow's default), and its Keras 2
-tests with TF_USE_LEGACY_KERAS=1 (tf_keras). The examples are trained by
-tests/test_docs.py, from the getting-started pages that walk through them."""
+tests (and the Keras test of the process sets) with TF_USE_LEGACY_KERAS=1
+(tf_keras). The examples are trained by tests/test_docs.py, from the
+getting-started pages that walk through them."""
 
 import pathlib
 
@@ -29,7 +30,8 @@ def test_keras2_suite(world_size, job_env):
     env = dict(job_env, TF_USE_LEGACY_KERAS="1", HORA_STALL_CHECK_TIME_SECONDS="30",
                HORA_STALL_SHUTDOWN_TIME_SECONDS="90")
     files = [str(ROOT / "tf_parallel" / name)
-             for name in ("test_tf_keras2.py", "test_tf_keras_any.py")]
+             for name in ("test_tf_keras2.py", "test_tf_keras_any.py",
+                          "test_tf_process_sets.py::test_keras_distributed_optimizer_in_a_set")]
     output = run_horarun(world_size, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
                                       "-o", "faulthandler_timeout=240", *files], env, ROOT.parent)
     summary = [line for line in output.splitlines() if " passed" in line]

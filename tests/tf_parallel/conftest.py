@@ -18,7 +18,8 @@ import hora.tensorflow as hvd  # noqa: E402
 @pytest.fixture(scope="session", autouse=True)
 def hora_session():
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    hvd.init()
+    # dynamic, so that tests can add and remove process sets
+    hvd.init(process_sets="dynamic")
     yield
     hvd.shutdown()
 

@@ -2,7 +2,8 @@
 
 Pure Python over the core (no C++ built against TensorFlow), so one install
 works with any TensorFlow 2 release. Collectives work eagerly and inside
-``tf.function``; ``DistributedGradientTape`` wraps a ``tf.GradientTape``;
+``tf.function``, over all ranks or (``process_set=``) the ranks of a
+:class:`ProcessSet`; ``DistributedGradientTape`` wraps a ``tf.GradientTape``;
 ``hora.tensorflow.keras`` (also ``hora.keras``) wraps Keras optimizers and
 provides the callbacks.
 """
@@ -26,9 +27,10 @@ from hora.tensorflow.functions import (
     broadcast_object_fn, check_num_rank_power_of_2, handle_average_backwards_compatibility)
 from hora.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hora.tensorflow.mpi_ops import (
-    allgather, allreduce, alltoall, barrier, broadcast, broadcast_, broadcast_variables,
-    global_process_set, grouped_allgather, grouped_allreduce, grouped_reducescatter, join,
-    local_rank_op, local_size_op, rank_op, reducescatter, size_op)
+    ProcessSet, add_process_set, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
+    broadcast_variables, global_process_set, grouped_allgather, grouped_allreduce,
+    grouped_reducescatter, join, local_rank_op, local_size_op, process_set_included_op, rank_op,
+    reducescatter, remove_process_set, size_op)
 
 if TYPE_CHECKING:
     import keras
@@ -38,15 +40,16 @@ __all__ = [
     "DistributedOptimizer", "PartialDistributedGradientTape", "broadcast_global_variables",
     "broadcast_object_fn", "check_num_rank_power_of_2", "handle_average_backwards_compatibility",
     "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "Product", "ReduceOp", "Sum",
-    "SyncBatchNormalization",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product",
+    "ReduceOp", "Sum", "SyncBatchNormalization", "add_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
     "broadcast_object", "broadcast_variables", "build_info", "ccl_built", "cross_rank",
     "cross_size", "cuda_built", "ddl_built", "elastic", "global_process_set", "gloo_built",
     "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
-    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
-    "rank_op", "reducescatter", "rocm_built", "shutdown", "size", "size_op", "start_timeline",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
+    "rocm_built", "shutdown", "size", "size_op", "start_timeline",
     "stop_timeline"]
 
 

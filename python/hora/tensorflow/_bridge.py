@@ -67,15 +67,17 @@ def grad_names(names):
     return [f"{base}.{i}" for i in range(len(names))] if len(names) > 1 else [base]
 
 
-def collective_name(name, kind, tensor=None):
+def collective_name(name, kind, tensor=None, process_set_id=0):
     """The name a collective is matched by across ranks (see the module
-    docstring). ``kind`` is a CamelCase word such as ``Allreduce``."""
+    docstring). ``kind`` is a CamelCase word such as ``Allreduce``; eagerly,
+    each process set (``process_set_id``) counts its unnamed calls itself,
+    since only its members make them."""
     if name is not None:
         if not isinstance(name, str):
             raise TypeError(f"{kind.lower()}: name must be a str, got {type(name).__name__}")
         return name
     if tf.executing_eagerly():
-        return auto_name(kind.lower())
+        return auto_name(kind.lower(), process_set_id)
     base = f"Hora{kind}"
     if tensor is not None:
         base += "_" + _normalize(tensor.name.split(":")[0])

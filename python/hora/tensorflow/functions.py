@@ -5,33 +5,43 @@ from __future__ import annotations
 from typing import Any
 
 from hora.common import ops as _ops
-from hora.common.arguments import check_process_set, check_root, resolve_op
+from hora.common.arguments import check_root, resolve_op
+from hora.common.process_sets import ProcessSet, global_process_set
+
+
+def _object_set(process_set: ProcessSet | None, what: str) -> ProcessSet:
+    from hora.tensorflow.mpi_ops import checked_set
+
+    return checked_set(process_set, what)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
-                     process_set: None = None) -> Any:
-    """Returns ``root_rank``'s picklable ``obj`` on every rank (``session``
-    is accepted for Horovod compatibility and ignored)."""
-    check_process_set(process_set, "broadcast_object")
-    return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name)
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (of
+    ``process_set``; ``root_rank`` is a global rank in it). ``session`` is
+    accepted for Horovod compatibility and ignored."""
+    ps = _object_set(process_set, "broadcast_object")
+    return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name,
+                                 process_set=ps)
 
 
 def allgather_object(obj: Any, session: Any = None, name: str | None = None,
-                     process_set: None = None) -> list[Any]:
-    """Returns the list of every rank's picklable ``obj``, in rank order."""
-    check_process_set(process_set, "allgather_object")
-    return _ops.allgather_object(obj, name)
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Returns the list of every rank's picklable ``obj``, in rank order (of
+    the ranks of ``process_set``)."""
+    ps = _object_set(process_set, "allgather_object")
+    return _ops.allgather_object(obj, name, process_set=ps)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
-                        process_set: None = None) -> Any:
+                        process_set: ProcessSet = global_process_set) -> Any:
     """Horovod's TF1 helper: a function ``fn(obj)`` returning ``root_rank``'s
-    ``obj`` on every rank (it needs no session here)."""
-    check_process_set(process_set, "broadcast_object_fn")
+    ``obj`` on every rank of ``process_set`` (it needs no session here)."""
+    ps = _object_set(process_set, "broadcast_object_fn")
     root_rank = check_root(root_rank, "broadcast_object_fn")
 
     def broadcast(obj: Any) -> Any:
-        return _ops.broadcast_object(obj, root_rank, name)
+        return _ops.broadcast_object(obj, root_rank, name, process_set=ps)
     return broadcast
 
 

@@ -1,5 +1,5 @@
 """DistributedGradientTape: a ``tf.GradientTape`` whose ``gradient``
-returns gradients averaged over all ranks."""
+returns gradients averaged over all ranks (or the ranks of a process set)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from hora.common.basics import Average, ReduceOp
 from hora.common.compression import Compressor
+from hora.common.process_sets import ProcessSet, global_process_set
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
@@ -20,7 +21,8 @@ class _DistributedTape:
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
                  ) -> Any:
         """The tape's gradients of ``target`` with respect to ``sources``,
-        reduced over all ranks (a collective: every rank must call it)."""
+        reduced over all ranks, or those of the tape's process set (a
+        collective: each of them must call it)."""
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_grads = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
@@ -29,8 +31,8 @@ class _DistributedTape:
 
     def register_local_source(self, source: tf.Variable) -> None:
         """Keeps ``source``'s gradient out of the reduction (a variable this
-        rank trains on its own); it is divided by ``size()`` when
-        ``scale_local_gradients``, as in Horovod."""
+        rank trains on its own); it is divided by ``size()`` (the process
+        set's size) when ``scale_local_gradients``, as in Horovod."""
         self._hora_reducer.register_local(source)
 
 
@@ -58,7 +60,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             sparse_as_dense: bool = False, op: ReduceOp | int = Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: int | list[list[tf.Variable]] | None = None,
-                            process_set: None = None,
+                            process_set: ProcessSet = global_process_set,
                             scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wraps ``gradtape`` (after its ``with`` block, as in Horovod) so that
     ``gradient()`` averages the gradients over all ranks before returning them.
@@ -73,8 +75,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     result is an instance of a subclass of the tape's class, so it is still
     a ``tf.GradientTape``; ``register_local_source(variable)`` keeps a
     variable's gradient local (divided by ``size()`` when
-    ``scale_local_gradients``, the default, as in Horovod).
-    Raises ``ValueError`` for a bad op, factor, groups or process set."""
+    ``scale_local_gradients``, the default, as in Horovod). With
+    ``process_set`` the gradients are averaged among that set's ranks (and
+    local gradients divided by its size); as in Horovod, a process outside
+    the set gets its own gradients back unreduced.
+    Raises ``ValueError`` for a bad op, factor, groups or an unregistered
+    process set, ``TypeError`` for a process set that is not a
+    ``hora.ProcessSet``."""
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got "
                         f"{type(gradtape).__name__}")
@@ -94,7 +101,8 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    sparse_as_dense: bool = False, op: ReduceOp | int = Average,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                                    groups: int | list[list[tf.Variable]] | None = None,
-                                   process_set: None = None, local_layers: Any = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers`` (a Keras layer
     or a list of them) keep their gradients local: their trainable weights

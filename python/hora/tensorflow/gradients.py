@@ -1,5 +1,6 @@
-"""Averaging a list of gradients over all ranks, shared by
-``DistributedGradientTape`` and the Keras ``DistributedOptimizer``.
+"""Averaging a list of gradients over all ranks (or the ranks of a process
+set), shared by ``DistributedGradientTape`` and the Keras
+``DistributedOptimizer``.
 
 All dense gradients of one call travel through one graph node (one
 submission, so the engine fuses them); ``groups`` decides which of them are
@@ -10,6 +11,12 @@ tensors first. ``None`` gradients stay ``None``. Gradients of variables
 registered as local (``register_local``: model-parallel parts that each rank
 trains on its own, Horovod's ``local_layers``) are not reduced; as in
 Horovod, they are divided by ``size()`` when ``scale_local_gradients``.
+
+With a ``process_set`` the gradients are reduced among its ranks (an
+Average divides by its size, and so does the local gradients' scaling). As
+in Horovod, a process outside the set, or a set of one rank, reduces
+nothing: its gradients come back as they are (scaled only where hora's
+settings scale them, as in a one-rank job).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import tensorflow as tf
 
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
-from hora.common.arguments import check_process_set
-from hora.common.basics import Average, ReduceOp, size
+from hora.common.basics import Average, ReduceOp
 from hora.common.gradient_policy import gradient_policy
+from hora.common.process_sets import (
+    ProcessSet, global_process_set, process_set_id, set_rank, set_size)
 from hora.tensorflow._bridge import check_tensor, collective_name, run
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.mpi_ops import _allreduce_sparse
@@ -40,16 +48,18 @@ def _scaled(grad, factor):
 
 class GradientReducer:
     """Callable: ``reducer(grads, variables=None)`` returns the gradients
-    averaged (or summed, by ``op``) over all ranks, as a list.
-    ``stacklevel`` is that of the ``num_groups`` deprecation warning, as
-    counted from the caller."""
+    averaged (or summed, by ``op``) over all ranks (of ``process_set``), as
+    a list. ``stacklevel`` is that of the ``num_groups`` deprecation
+    warning, as counted from the caller."""
 
     def __init__(self, compression: Any = Compression.none, sparse_as_dense: bool = False,
                  op: ReduceOp | int = Average, gradient_predivide_factor: float = 1.0,
-                 groups: Any = None, num_groups: int = 0, process_set: None = None,
+                 groups: Any = None, num_groups: int = 0,
+                 process_set: ProcessSet = global_process_set,
                  extra_postscale: float = 1.0, what: str = "gradients",
                  stacklevel: int = 1, scale_local_gradients: bool = True) -> None:
-        check_process_set(process_set, what)
+        process_set_id(process_set, what)  # TypeError / ValueError for a bad or unregistered set
+        self.process_set = global_process_set if process_set is None else process_set
         policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
                                  compression, stacklevel=stacklevel + 1)
         self.op = policy.op
@@ -100,7 +110,7 @@ class GradientReducer:
         original = list(grads)
         local, grads = self._split_local(original, variables)
         results = self._reduce_all(grads, variables)
-        factor = 1.0 / size() if self.scale_local_gradients else 1.0
+        factor = 1.0 / set_size(self.process_set) if self.scale_local_gradients else 1.0
         for i in local:
             results[i] = _scaled(original[i], factor)
         return results
@@ -109,14 +119,18 @@ class GradientReducer:
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
-        if size() == 1:  # nothing to exchange; only the scaling remains
+        ps = self.process_set
+        if set_size(ps) == 1 or set_rank(ps) < 0:
+            # nothing to exchange (one rank, or not in the set: Horovod hands
+            # such gradients back unreduced); only the scaling remains
             return [_scaled(g, self.prescale * self.postscale) for g in grads]
+        ident = ps.process_set_id
         results = list(grads)
         dense = [i for i, g in enumerate(grads)
                  if g is not None and not isinstance(g, tf.IndexedSlices)]
         if dense:
             tensors = [check_tensor(grads[i], f"{self.what} (gradient {i})") for i in dense]
-            base = collective_name(None, "GradientAllreduce", tensors[0])
+            base = collective_name(None, "GradientAllreduce", tensors[0], ident)
             compressed = [self.compression.compress(t) for t in tensors]
             slot = {position: k for k, position in enumerate(dense)}
             units = [[slot[i] for i in unit if i in slot]
@@ -126,25 +140,27 @@ class GradientReducer:
                 results[i] = self.compression.decompress(value, ctx)
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
-                name = collective_name(None, "GradientAllreduce", g.values)
-                results[i] = _allreduce_sparse(g, self.op, self.prescale, self.postscale, name)
+                name = collective_name(None, "GradientAllreduce", g.values, ident)
+                results[i] = _allreduce_sparse(g, self.op, self.prescale, self.postscale, name,
+                                               ps)
         return results
 
     def _reduce(self, tensors, base, units):
         """Reduces ``tensors`` in one graph node; ``units`` are lists of
         indices into ``tensors``, lists of two or more reduced as grouped
         units."""
-        op, prescale, postscale = self.op, self.prescale, self.postscale
+        op, prescale, postscale, ps = self.op, self.prescale, self.postscale, self.process_set
 
         def reduce(*arrays):
             handles = []
             for u, unit in enumerate(units):
                 if len(unit) == 1:
                     handles.append(_ops.allreduce_async(arrays[unit[0]], f"{base}.{unit[0]}", op,
-                                                        prescale, postscale))
+                                                        prescale, postscale, process_set=ps))
                 else:
                     handles.append(_ops.grouped_allreduce_async(
-                        [arrays[i] for i in unit], f"{base}.group{u}", op, prescale, postscale))
+                        [arrays[i] for i in unit], f"{base}.group{u}", op, prescale, postscale,
+                        process_set=ps))
             out = [None] * len(arrays)
             for unit, result in zip(units, wait_all(handles)):
                 for i, value in zip(unit, result if len(unit) > 1 else [result]):

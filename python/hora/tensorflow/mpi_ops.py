@@ -15,6 +15,15 @@ every rank.
 (allgather and broadcast average the incoming gradient over ranks,
 reducescatter gathers it, times ``size()`` for Sum); they run collectives
 themselves, so every rank must differentiate through them.
+
+Process sets: every collective takes ``process_set=`` (a
+:class:`hora.ProcessSet` registered by ``init`` or ``add_process_set``;
+the global set by default) and then runs among that set's ranks only, as in
+Horovod: an Average divides by the set's size, ``root_rank`` stays a global
+rank, alltoall splits have one entry per member, and the gradients of the
+collectives run in the same set. Only members may call them; a process
+outside the set gets ``tf.errors.InvalidArgumentError``, which is also a
+``ValueError`` (inside ``tf.function``, when the function is traced).
 """
 
 from __future__ import annotations
@@ -25,45 +34,75 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hora._loader import _C
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
-from hora.common.arguments import check_process_set, check_root, check_splits, resolve_op
+from hora.common.arguments import check_root, check_splits, resolve_op
 from hora.common.basics import (
-    Adasum, Average, ReduceOp, Sum, local_rank, local_size, rank, size)
-from hora.common.exceptions import HoraTypeError
+    Adasum, Average, ReduceOp, Sum, is_initialized, local_rank, local_size, rank, size)
 from hora.common.compression import Compressor
+from hora.common.exceptions import HoraInvalidArgumentError, HoraTypeError
+from hora.common.process_sets import (
+    ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set,
+    set_rank, set_size)
 from hora.tensorflow._bridge import (
-    check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run)
+    as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run)
 from hora.tensorflow.compression import Compression
+
+__all__ = [
+    "ProcessSet", "add_process_set", "allgather", "allreduce", "alltoall", "barrier", "broadcast",
+    "broadcast_", "broadcast_variables", "global_process_set", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
+    "process_set_included_op", "rank_op", "reducescatter", "remove_process_set", "size_op"]
 
 # a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
 TensorLike = Any
-
-# hora runs every collective over all ranks; Horovod code that passes
-# ``process_set=hvd.global_process_set`` keeps working.
-global_process_set = None
 
 
 def _scale_args(prescale_factor, postscale_factor):
     return float(prescale_factor), float(postscale_factor)
 
 
+def _describe_set(process_set):
+    ranks = process_set.ranks or []
+    listed = ", ".join(str(r) for r in ranks)
+    return (f"process set {process_set.process_set_id} "
+            f"(rank{'' if len(ranks) == 1 else 's'} {listed})")
+
+
+def checked_set(process_set, what):
+    """``process_set`` (a registered :class:`hora.ProcessSet`; None is the
+    global set) for a collective called ``what``. Building a graph, a
+    process outside the set is refused here, when the function is traced
+    (``tf.errors.InvalidArgumentError``, also a ``ValueError``); eagerly the
+    core refuses it with the same classes, naming the tensor."""
+    if process_set is None or process_set is global_process_set:
+        return global_process_set
+    process_set_id(process_set, what)  # TypeError / ValueError for a bad or unregistered set
+    if not tf.executing_eagerly() and set_rank(process_set) < 0:
+        raise as_tf_error(HoraInvalidArgumentError(
+            f"{what}: this process (rank {rank()}) is not in {_describe_set(process_set)}; "
+            f"only its members may call collectives on it"))
+    return process_set
+
+
 # --- allreduce ---------------------------------------------------------------
 
-def _allreduce_now(tensors, names, op, prescale, postscale, grouped):
-    """Allreduce of checked dense tensors as one graph node."""
+def _allreduce_now(tensors, names, op, prescale, postscale, grouped, ps=global_process_set):
+    """Allreduce of checked dense tensors as one graph node, in process set ``ps``."""
     def reduce(*arrays):
         if grouped:
-            return list(_ops.grouped_allreduce(list(arrays), names[0], op, prescale, postscale))
-        return wait_all([_ops.allreduce_async(a, n, op, prescale, postscale)
+            return list(_ops.grouped_allreduce(list(arrays), names[0], op, prescale, postscale,
+                                               process_set=ps))
+        return wait_all([_ops.allreduce_async(a, n, op, prescale, postscale, process_set=ps)
                          for a, n in zip(arrays, names)])
     return run(reduce, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], names[0])
 
 
-def _differentiable_allreduce(tensors, names, op, prescale, postscale, grouped):
+def _differentiable_allreduce(tensors, names, op, prescale, postscale, grouped, ps):
     @tf.custom_gradient
     def forward(*xs):
-        ys = _allreduce_now(list(xs), names, op, prescale, postscale, grouped)
+        ys = _allreduce_now(list(xs), names, op, prescale, postscale, grouped, ps)
 
         def backward(*dys):
             if op not in (Sum, Average):
@@ -71,7 +110,7 @@ def _differentiable_allreduce(tensors, names, op, prescale, postscale, grouped):
                     f"allreduce '{names[0]}': the gradient of op {ReduceOp(op).name} is not "
                     f"implemented; only Sum and Average are differentiable")
             return _allreduce_now([tf.convert_to_tensor(d) for d in dys], grad_names(names), op,
-                                  prescale, postscale, grouped)
+                                  prescale, postscale, grouped, ps)
         return ys, backward
     result = forward(*tensors)
     return list(result) if isinstance(result, (list, tuple)) else [result]
@@ -89,47 +128,54 @@ def _check_sparse(op, prescale, postscale):
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
 
 
-def _average_values(values, op):
+def _average_values(values, op, ps):
     # Horovod divides with `/`: integer values become float64
     if op != Average:
         return values
-    return values / tf.cast(size(), values.dtype)
+    return values / tf.cast(set_size(ps), values.dtype)
 
 
-def _allreduce_sparse(slices, op, prescale, postscale, name):
-    """An IndexedSlices allreduce: every rank's rows gathered, as Horovod does."""
+def _allreduce_sparse(slices, op, prescale, postscale, name, ps=global_process_set):
+    """An IndexedSlices allreduce: every rank's rows gathered (the rows of
+    the ranks of ``ps``), as Horovod does."""
     _check_sparse(op, prescale, postscale)
-    values = allgather(slices.values, name=name + ".values")
-    indices = allgather(slices.indices, name=name + ".indices")
-    return tf.IndexedSlices(_average_values(values, op), indices,
+    values = allgather(slices.values, name=name + ".values", process_set=ps)
+    indices = allgather(slices.indices, name=name + ".indices", process_set=ps)
+    return tf.IndexedSlices(_average_values(values, op, ps), indices,
                             dense_shape=slices.dense_shape)
 
 
 def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str = "",
               device_sparse: str = "", compression: type[Compressor] = Compression.none,
               op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, name: str | None = None, process_set: None = None,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: ProcessSet = global_process_set,
               ignore_name_scope: bool = False) -> tf.Tensor | tf.IndexedSlices:
-    """Returns the reduction of ``tensor`` over all ranks.
+    """Returns the reduction of ``tensor`` over all ranks (over the ranks of
+    ``process_set``, where an Average divides by the set's size).
 
     ``op`` is Average (the default), Sum, Min, Max or Product (``average``
     is the deprecated spelling). ``prescale_factor`` multiplies the input and
     ``postscale_factor`` the result (integers: in float64, truncated).
     ``compression`` casts for the wire and back. A ``tf.IndexedSlices`` is
-    gathered from every rank (values divided by ``size()`` for Average).
+    gathered from every rank (values divided by the number of ranks for
+    Average).
     ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for
     Horovod compatibility and ignored. Raises ``TypeError`` for an
-    unsupported dtype, ``ValueError`` for a bad op or process set."""
-    check_process_set(process_set, "allreduce")
+    unsupported dtype or process set, ``ValueError`` for a bad op or an
+    unregistered process set."""
+    ps = checked_set(process_set, "allreduce")
     op = resolve_op(average, op, "allreduce")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
+    ident = ps.process_set_id
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_sparse(tensor, op, prescale, postscale,
-                                 collective_name(name, "Allreduce", tensor.values))
+                                 collective_name(name, "Allreduce", tensor.values, ident), ps)
     tensor = check_tensor(tensor, "allreduce")
-    name = collective_name(name, "Allreduce", tensor)
+    name = collective_name(name, "Allreduce", tensor, ident)
     compressed, ctx = compression.compress(tensor)
-    reduced = _differentiable_allreduce([compressed], [name], op, prescale, postscale, False)[0]
+    reduced = _differentiable_allreduce([compressed], [name], op, prescale, postscale, False,
+                                        ps)[0]
     return compression.decompress(reduced, ctx)
 
 
@@ -137,11 +183,12 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
                       device_dense: str = "", device_sparse: str = "",
                       compression: type[Compressor] = Compression.none,
                       op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: None = None,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
                       name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """Allreduce of a list of tensors negotiated and fused as one unit;
     returns a list. Same arguments and errors as :func:`allreduce`."""
-    check_process_set(process_set, "grouped_allreduce")
+    ps = checked_set(process_set, "grouped_allreduce")
     op = resolve_op(average, op, "grouped_allreduce")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
     tensors = list(tensors)
@@ -152,41 +199,45 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
         _check_sparse(op, prescale, postscale)
     dense = check_tensors([tensors[i] for i in dense_positions], "grouped_allreduce")
     results = list(tensors)
-    base = collective_name(name, "GroupedAllreduce", dense[0] if dense else None)
+    base = collective_name(name, "GroupedAllreduce", dense[0] if dense else None,
+                           ps.process_set_id)
     if dense:
         compressed = [compression.compress(t) for t in dense]
         reduced = _differentiable_allreduce([c for c, _ in compressed], [base], op, prescale,
-                                            postscale, True)
+                                            postscale, True, ps)
         for position, value, (_, ctx) in zip(dense_positions, reduced, compressed):
             results[position] = compression.decompress(value, ctx)
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
-            results[i] = _allreduce_sparse(t, op, prescale, postscale, f"{base}.sparse.{i}")
+            results[i] = _allreduce_sparse(t, op, prescale, postscale, f"{base}.sparse.{i}", ps)
     return results
 
 
 # --- allgather ---------------------------------------------------------------
 
-def _allgather_now(tensors, names):
+def _allgather_now(tensors, names, ps=global_process_set):
     def gather(*arrays):
-        return wait_all([_ops.allgather_async(a, n) for a, n in zip(arrays, names)])
+        return wait_all([_ops.allgather_async(a, n, process_set=ps)
+                         for a, n in zip(arrays, names)])
     return run(gather, tensors, [t.dtype for t in tensors],
                [gathered_shape(t.shape) for t in tensors], names[0])
 
 
-def _allgather_grad_now(grads, rows, names):
+def _allgather_grad_now(grads, rows, names, ps):
     """This rank's rows of the average of every rank's gradient (Horovod's
-    allgather gradient)."""
+    allgather gradient), over the ranks of ``ps``."""
     names = grad_names(names)
 
     def slice_sum(*arrays):
         grad_arrays, row_counts = arrays[:len(names)], arrays[len(names):]
-        handles = [_ops.allreduce_async(g, n, Average) for g, n in zip(grad_arrays, names)]
-        handles += [_ops.allgather_async(np.asarray(r, np.int64).reshape(1), n + ".rows")
+        handles = [_ops.allreduce_async(g, n, Average, process_set=ps)
+                   for g, n in zip(grad_arrays, names)]
+        handles += [_ops.allgather_async(np.asarray(r, np.int64).reshape(1), n + ".rows",
+                                         process_set=ps)
                     for r, n in zip(row_counts, names)]
         results = wait_all(handles)
         sums, all_rows = results[:len(names)], results[len(names):]
-        me = rank()
+        me = set_rank(ps)
         out = []
         for total, counts in zip(sums, all_rows):
             start = int(counts[:me].sum())
@@ -197,14 +248,14 @@ def _allgather_grad_now(grads, rows, names):
     return run(slice_sum, list(grads) + list(rows), [g.dtype for g in grads], shapes, names[0])
 
 
-def _differentiable_allgather(tensors, names):
+def _differentiable_allgather(tensors, names, ps):
     @tf.custom_gradient
     def forward(*xs):
-        ys = _allgather_now(list(xs), names)
+        ys = _allgather_now(list(xs), names, ps)
 
         def backward(*dys):
             rows = [tf.shape(x)[0] for x in xs]
-            return _allgather_grad_now([tf.convert_to_tensor(d) for d in dys], rows, names)
+            return _allgather_grad_now([tf.convert_to_tensor(d) for d in dys], rows, names, ps)
         return ys, backward
     result = forward(*tensors)
     return list(result) if isinstance(result, (list, tuple)) else [result]
@@ -217,55 +268,70 @@ def _check_gatherable(tensor, what):
 
 
 def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bool = False,
-              process_set: None = None) -> tf.Tensor:
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
-    order; the first dimension may differ between ranks, the others must
-    not. Differentiable: the gradient is this rank's rows of the gradient
-    averaged over ranks, as in Horovod."""
-    check_process_set(process_set, "allgather")
+    order (the ranks of ``process_set``); the first dimension may differ
+    between ranks, the others must not. Differentiable: the gradient is this
+    rank's rows of the gradient averaged over the ranks, as in Horovod."""
+    ps = checked_set(process_set, "allgather")
     tensor = check_tensor(tensor, "allgather")
     _check_gatherable(tensor, "allgather")
-    return _differentiable_allgather([tensor], [collective_name(name, "Allgather", tensor)])[0]
+    name = collective_name(name, "Allgather", tensor, ps.process_set_id)
+    return _differentiable_allgather([tensor], [name], ps)[0]
 
 
 def grouped_allgather(tensors: Iterable[TensorLike], name: str | None = None,
-                      process_set: None = None) -> list[tf.Tensor]:
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """:func:`allgather` of each tensor of a list, submitted together; returns a list."""
-    check_process_set(process_set, "grouped_allgather")
+    ps = checked_set(process_set, "grouped_allgather")
     tensors = check_tensors(tensors, "grouped_allgather")
     if not tensors:
         return []
     for i, t in enumerate(tensors):
         _check_gatherable(t, f"grouped_allgather (tensor {i})")
-    base = collective_name(name, "GroupedAllgather", tensors[0])
-    return _differentiable_allgather(tensors, [f"{base}.{i}" for i in range(len(tensors))])
+    base = collective_name(name, "GroupedAllgather", tensors[0], ps.process_set_id)
+    return _differentiable_allgather(tensors, [f"{base}.{i}" for i in range(len(tensors))], ps)
 
 
 # --- broadcast ---------------------------------------------------------------
 
-def _broadcast_now(tensors, root_rank, names):
+def _broadcast_now(tensors, root_rank, names, ps=global_process_set):
     def cast(*arrays):
-        return wait_all([_ops.broadcast_async(a, root_rank, n) for a, n in zip(arrays, names)])
+        return wait_all([_ops.broadcast_async(a, root_rank, n, process_set=ps)
+                         for a, n in zip(arrays, names)])
     return run(cast, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], names[0])
 
 
+def _check_root_in_set(root_rank, ps, what):
+    """Refuses a root outside the set at the call (when traced, in a graph),
+    with the classes the core's own check raises eagerly."""
+    if ps is not global_process_set and ps.ranks and root_rank not in ps.ranks:
+        raise as_tf_error(HoraInvalidArgumentError(
+            f"{what}: root rank {root_rank} is not in {_describe_set(ps)} "
+            f"(root_rank is a global rank, as in Horovod)"))
+
+
 def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
-              ignore_name_scope: bool = False, process_set: None = None) -> tf.Tensor:
-    """Returns ``root_rank``'s ``tensor`` on every rank. Differentiable: the
-    root gets the average of every rank's gradient, the others zero, as in
-    Horovod."""
-    check_process_set(process_set, "broadcast")
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Returns ``root_rank``'s ``tensor`` on every rank (of ``process_set``;
+    ``root_rank`` is a global rank, which must be in the set).
+    Differentiable: the root gets the average of every rank's gradient, the
+    others zero, as in Horovod."""
+    ps = checked_set(process_set, "broadcast")
     root_rank = check_root(root_rank, "broadcast")
+    _check_root_in_set(root_rank, ps, "broadcast")
     tensor = check_tensor(tensor, "broadcast")
-    name = collective_name(name, "Broadcast", tensor)
+    name = collective_name(name, "Broadcast", tensor, ps.process_set_id)
 
     @tf.custom_gradient
     def forward(x):
-        y = _broadcast_now([x], root_rank, [name])[0]
+        y = _broadcast_now([x], root_rank, [name], ps)[0]
 
         def backward(dy):
             total = _allreduce_now([tf.convert_to_tensor(dy)], grad_names([name]), Average, 1.0,
-                                   1.0, False)[0]
+                                   1.0, False, ps)[0]
             # times zero rather than zeros_like: a graph would prune the
             # allreduce that zeros of a known shape do not depend on
             return total if rank() == root_rank else total * tf.zeros([], total.dtype)
@@ -274,28 +340,35 @@ def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
 
 
 def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
-                        process_set: None = None, inplace: bool = True) -> tf.Operation | None:
+                        process_set: ProcessSet = global_process_set,
+                        inplace: bool = True) -> tf.Operation | None:
     """Assigns ``root_rank``'s values to ``variables`` (a list of
-    ``tf.Variable``) on every rank, in one submission. Returns ``None`` when
-    eager and the grouped assign op inside ``tf.function``."""
-    check_process_set(process_set, "broadcast_variables")
-    root_rank = check_root(root_rank, "broadcast_variables")
+    ``tf.Variable``) on every rank (of ``process_set``; ``root_rank`` is a
+    global rank in it), in one submission. Returns ``None`` when eager and
+    the grouped assign op inside ``tf.function``."""
+    return _broadcast_variables(variables, root_rank, None, process_set, "broadcast_variables")
+
+
+def _broadcast_variables(variables, root_rank, name, process_set, what):
+    ps = checked_set(process_set, what)
+    root_rank = check_root(root_rank, what)
+    _check_root_in_set(root_rank, ps, what)
     variables = list(variables)
     if not variables:
         return None
     values = check_tensors([v.read_value() if hasattr(v, "read_value") else v for v in variables],
-                           "broadcast_variables")
-    base = collective_name(None, "BroadcastVariables", values[0])
-    results = _broadcast_now(values, root_rank, [f"{base}.{i}" for i in range(len(values))])
+                           what)
+    base = collective_name(name, "BroadcastVariables", values[0], ps.process_set_id)
+    results = _broadcast_now(values, root_rank, [f"{base}.{i}" for i in range(len(values))], ps)
     assigns = [v.assign(r) for v, r in zip(variables, results)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
 def broadcast_(variables: Iterable[tf.Variable], root_rank: int, name: str | None = None,
-               process_set: None = None) -> tf.Operation | None:
+               process_set: ProcessSet = global_process_set) -> tf.Operation | None:
     """In-place broadcast of a list of variables (Horovod's spelling of
-    :func:`broadcast_variables`)."""
-    return broadcast_variables(variables, root_rank, process_set=process_set)
+    :func:`broadcast_variables`; ``name`` names the collectives)."""
+    return _broadcast_variables(variables, root_rank, name, process_set, "broadcast_")
 
 
 # --- alltoall ----------------------------------------------------------------
@@ -310,38 +383,41 @@ def _splits_tensor(splits, what):
     return tf.constant(check_splits(np.asarray(splits).reshape(-1).tolist(), what), tf.int64)
 
 
-def _alltoall_now(x, splits, name):
+def _alltoall_now(x, splits, name, ps):
     def exchange(array, *split_array):
         chosen = [int(s) for s in split_array[0]] if split_array else None
-        output, received = _ops.alltoall(array, chosen, name)
+        output, received = _ops.alltoall(array, chosen, name, process_set=ps)
         return [output, np.asarray(received, np.int32)]
     inputs = [x] if splits is None else [x, splits]
-    return run(exchange, inputs, [x.dtype, tf.int32], [gathered_shape(x.shape), [size()]], name)
+    return run(exchange, inputs, [x.dtype, tf.int32],
+               [gathered_shape(x.shape), [set_size(ps)]], name)
 
 
 def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | None = None,
-             ignore_name_scope: bool = False,
-             process_set: None = None) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
+             ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set
+             ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r``.
     With ``splits``, returns ``(output, received_splits)``: the rows received
     from every rank in rank order, and how many came from each (int32).
     Without, the first dimension is divided evenly and only the output is
     returned, as in Horovod (``tf.errors.InvalidArgumentError`` when it does
-    not divide). Differentiable in ``tensor``."""
-    check_process_set(process_set, "alltoall")
+    not divide). With ``process_set``, ``r`` counts the set's members in
+    rank order (``splits`` has one entry per member). Differentiable in
+    ``tensor``."""
+    ps = checked_set(process_set, "alltoall")
     tensor = check_tensor(tensor, "alltoall")
     _check_gatherable(tensor, "alltoall")
     given = splits is not None
     splits = _splits_tensor(splits, "alltoall")
-    name = collective_name(name, "Alltoall", tensor)
+    name = collective_name(name, "Alltoall", tensor, ps.process_set_id)
 
     @tf.custom_gradient
     def forward(x):
-        output, received = _alltoall_now(x, splits, name)
+        output, received = _alltoall_now(x, splits, name, ps)
 
         def backward(d_output, d_received=None):
             back, _ = _alltoall_now(tf.convert_to_tensor(d_output), tf.cast(received, tf.int64),
-                                    grad_names([name])[0])
+                                    grad_names([name])[0], ps)
             return tf.reshape(back, tf.shape(x))
         return (output, received), backward
     output, received = forward(tensor)
@@ -350,55 +426,64 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
 
 # --- reducescatter -----------------------------------------------------------
 
-def _reducescatter_now(tensors, names, op, prescale, postscale):
+def _reducescatter_now(tensors, names, op, prescale, postscale, ps):
     def scatter(*arrays):
-        return wait_all([_ops.reducescatter_async(a, n, op, prescale, postscale)
+        return wait_all([_ops.reducescatter_async(a, n, op, prescale, postscale, process_set=ps)
                          for a, n in zip(arrays, names)])
     return run(scatter, tensors, [t.dtype for t in tensors],
                [gathered_shape(t.shape) for t in tensors], names[0])
 
 
-def _differentiable_reducescatter(tensors, names, op, prescale, postscale):
+def _differentiable_reducescatter(tensors, names, op, prescale, postscale, ps):
     if op not in (Sum, Average):
         # the core also supports Min/Max/Product; they have no gradient here
-        return _reducescatter_now(tensors, names, op, prescale, postscale)
+        return _reducescatter_now(tensors, names, op, prescale, postscale, ps)
 
     @tf.custom_gradient
     def forward(*xs):
-        ys = _reducescatter_now(list(xs), names, op, prescale, postscale)
+        ys = _reducescatter_now(list(xs), names, op, prescale, postscale, ps)
 
         def backward(*dys):
-            # Horovod's: the gathered gradient, times size() for Sum
-            scale = prescale * postscale * (size() if op == Sum else 1)
-            grads = _allgather_now([tf.convert_to_tensor(d) for d in dys], grad_names(names))
+            # Horovod's: the gathered gradient, times the set's size for Sum
+            scale = prescale * postscale * (set_size(ps) if op == Sum else 1)
+            grads = _allgather_now([tf.convert_to_tensor(d) for d in dys], grad_names(names), ps)
             return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in grads]
         return ys, backward
     result = forward(*tensors)
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
-def reducescatter(tensor: TensorLike, name: str | None = None, op: ReduceOp | int = Average,
-                  ignore_name_scope: bool = False, process_set: None = None,
+def reducescatter(tensor: TensorLike, device_dense: str = "",
+                  compression: type[Compressor] = Compression.none,
+                  op: ReduceOp | int = Average, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
-    """Reduces ``tensor`` over all ranks and returns this rank's block of
-    rows (the first ``rows % size()`` ranks get one extra row).
-    Differentiable for Sum and Average, with Horovod's gradient (the
-    allgather of the gradient, times size() for Sum)."""
-    check_process_set(process_set, "reducescatter")
+    """Reduces ``tensor`` over all ranks (those of ``process_set``) and
+    returns this rank's block of rows (the first ``rows % n`` of the ``n``
+    ranks get one extra row). ``compression`` casts for the wire and back;
+    ``device_dense`` and ``ignore_name_scope`` are accepted for Horovod
+    compatibility. Differentiable for Sum and Average, with Horovod's
+    gradient (the allgather of the gradient, times ``n`` for Sum)."""
+    ps = checked_set(process_set, "reducescatter")
     op = resolve_op(None, op, "reducescatter")
     tensor = check_tensor(tensor, "reducescatter")
     _check_gatherable(tensor, "reducescatter")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
-    return _differentiable_reducescatter([tensor], [collective_name(name, "Reducescatter", tensor)],
-                                         op, prescale, postscale)[0]
+    name = collective_name(name, "Reducescatter", tensor, ps.process_set_id)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _differentiable_reducescatter([compressed], [name], op, prescale, postscale, ps)[0]
+    return compression.decompress(reduced, ctx)
 
 
-def grouped_reducescatter(tensors: Iterable[TensorLike], name: str | None = None,
-                          op: ReduceOp | int = Average, process_set: None = None,
-                          prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
-    """:func:`reducescatter` of each tensor of a list, submitted together."""
-    check_process_set(process_set, "grouped_reducescatter")
+def grouped_reducescatter(tensors: Iterable[TensorLike], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none,
+                          op: ReduceOp | int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: str | None = None) -> list[tf.Tensor]:
+    """:func:`reducescatter` of each tensor of a list, submitted together
+    (Horovod's arguments; ``name``, not in Horovod's, names the collectives)."""
+    ps = checked_set(process_set, "grouped_reducescatter")
     op = resolve_op(None, op, "grouped_reducescatter")
     tensors = check_tensors(tensors, "grouped_reducescatter")
     if not tensors:
@@ -406,9 +491,12 @@ def grouped_reducescatter(tensors: Iterable[TensorLike], name: str | None = None
     for i, t in enumerate(tensors):
         _check_gatherable(t, f"grouped_reducescatter (tensor {i})")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
-    base = collective_name(name, "GroupedReducescatter", tensors[0])
-    return _differentiable_reducescatter(tensors, [f"{base}.{i}" for i in range(len(tensors))],
-                                         op, prescale, postscale)
+    base = collective_name(name, "GroupedReducescatter", tensors[0], ps.process_set_id)
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = _differentiable_reducescatter([c for c, _ in compressed],
+                                            [f"{base}.{i}" for i in range(len(tensors))],
+                                            op, prescale, postscale, ps)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
 # --- synchronization and topology as ops --------------------------------------
@@ -420,23 +508,64 @@ def _scalar_op(fn, name):
 def join() -> tf.Tensor:
     """Marks this rank as out of data; until every rank has joined it takes
     part in the others' allreduces with neutral values. Returns (as an int32
-    tensor) the rank that joined last."""
+    tensor) the rank that joined last. Always over every rank (Horovod's
+    join takes no process set)."""
     return _scalar_op(_ops.join, "HoraJoin")
 
 
-def barrier(process_set: None = None) -> tf.Tensor:
-    """Returns once every rank has reached the barrier (an int32 zero tensor)."""
-    check_process_set(process_set, "barrier")
+def barrier(process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Returns once every rank (of ``process_set``) has reached the barrier
+    (an int32 zero tensor)."""
+    ps = checked_set(process_set, "barrier")
 
     def wait():
-        _ops.barrier()
+        _ops.barrier(process_set=ps)
         return 0
     return _scalar_op(wait, "HoraBarrier")
 
 
+# Horovod's codes for a process set these ops cannot answer for
+_PROCESS_SET_ERROR_INIT = -1
+_PROCESS_SET_ERROR_UNKNOWN_SET = -3
+
+
+def _set_ranks(ident):
+    """The ranks of set ``ident`` (None when hora is not running or the set
+    is unknown), read when the op runs."""
+    if not is_initialized():
+        return None
+    return _C.process_sets().get(int(ident))
+
+
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
-    """The number of ranks, as an int32 tensor read when the op runs."""
-    return _scalar_op(size, name or "HoraSize")
+    """The number of ranks (of the process set with id ``process_set_id``),
+    as an int32 tensor read when the op runs; Horovod's error codes (-1: not
+    initialized, -3: unknown set) otherwise."""
+    def count():
+        if int(process_set_id) == 0:
+            return size() if is_initialized() else _PROCESS_SET_ERROR_INIT
+        ranks = _set_ranks(process_set_id)
+        if ranks is None:
+            return _PROCESS_SET_ERROR_INIT if not is_initialized() else \
+                _PROCESS_SET_ERROR_UNKNOWN_SET
+        return len(ranks)
+    return _scalar_op(count, name or "HoraSize")
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 when this process is in the process set with id ``process_set_id``,
+    0 when not, as an int32 tensor read when the op runs; Horovod's error
+    codes (-1: not initialized, -3: unknown set) otherwise."""
+    def included():
+        if not is_initialized():
+            return _PROCESS_SET_ERROR_INIT
+        if int(process_set_id) == 0:
+            return 1
+        ranks = _set_ranks(process_set_id)
+        if ranks is None:
+            return _PROCESS_SET_ERROR_UNKNOWN_SET
+        return int(rank() in ranks)
+    return _scalar_op(included, name or "HoraProcessSetIncluded")
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:

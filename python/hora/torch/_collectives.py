@@ -24,9 +24,11 @@ from hora.common._adapter.naming import check_name
 from hora.common._adapter.submission import (
     KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
 from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
-    check_op, check_process_set, check_root, check_splits, resolve_op)
+    check_op, check_root, check_splits, resolve_op)
 from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
 from hora.common.exceptions import HoraTypeError
+from hora.common.process_sets import (  # noqa: F401 (used by the other torch modules)
+    ProcessSet, global_process_set, process_set_id, set_rank, set_size)
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
                     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
@@ -36,6 +38,26 @@ _CORE_DTYPES = {d: submission.DTYPE_CODES[str(d).replace("torch.", "")]
 
 
 # --- argument checks ---------------------------------------------------------
+
+def set_id(process_set: ProcessSet | None, what: str) -> int:
+    """The core's id of a ``process_set=`` argument: 0 for the global set
+    (one identity check on the per-gradient path), the registered id of
+    another :class:`hora.ProcessSet`. ``ValueError`` for a set that is not
+    registered, :class:`hora.HoraTypeError` (a ``TypeError`` and a
+    ``ValueError``) for something that is not a process set."""
+    if process_set is global_process_set or process_set is None:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise HoraTypeError(f"{what}: process_set must be one of hora's process sets (a "
+                            f"hora.ProcessSet: global_process_set or one made by "
+                            f"add_process_set), got {type(process_set).__name__}")
+    return process_set_id(process_set, what)
+
+
+def set_object(process_set: ProcessSet | None) -> ProcessSet:
+    """``process_set`` with None spelled as the global set."""
+    return global_process_set if process_set is None else process_set
+
 
 def check_tensor(tensor, what):
     if not isinstance(tensor, torch.Tensor):
@@ -118,7 +140,7 @@ class _StagedWork:
 
 
 def _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale, splits,
-                   grouped):
+                   grouped, process_set):
     global _staging_warned
     if not _staging_warned:
         _staging_warned = True
@@ -139,18 +161,20 @@ def _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale, 
             if out.is_cuda:
                 copies[i].append((out, host_outputs[i]))
     works = submission.submit_tensors(kind, names, host_inputs, host_outputs, op, root, prescale,
-                                      postscale, splits, grouped)
+                                      postscale, splits, grouped, process_set=process_set)
     return [_StagedWork(w, c, x.device) for w, c, x in zip(works, copies, inputs)]
 
 
 def submit(kind: int, names: Iterable[str], inputs: Iterable[torch.Tensor],
            outputs: Iterable[torch.Tensor] | None = None, op: ReduceOp | int = Sum,
            root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-           splits: list[int] | None = None, grouped: bool = False) -> list[Any]:
+           splits: list[int] | None = None, grouped: bool = False,
+           process_set: int = 0) -> list[Any]:
     """Hands tensors to the core. CUDA tensors go to NCCL ordered after the
     work queued on torch's current stream (and later work on that stream
     sees the results); without GPU support in the build they are staged
-    through host memory."""
+    through host memory. ``process_set`` is the set's id (0: every rank);
+    ``root`` stays a global rank."""
     names, inputs = list(names), list(inputs)
     outputs = None if outputs is None else list(outputs)
     stream = -1  # host tensors
@@ -161,10 +185,10 @@ def submit(kind: int, names: Iterable[str], inputs: Iterable[torch.Tensor],
                              f"device; these mix CPU and CUDA tensors")
         if not _core_has_gpu():
             return _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale,
-                                  splits, grouped)
+                                  splits, grouped, process_set)
         stream = torch.cuda.current_stream(inputs[0].device).cuda_stream
     return submission.submit_tensors(kind, names, inputs, outputs, op, root, prescale, postscale,
-                                     splits, grouped, stream)
+                                     splits, grouped, stream, process_set)
 
 
 def owned_result(work, dtype):
@@ -180,16 +204,16 @@ def owned_result(work, dtype):
     return result if device is None else result.to(device)
 
 
-def start_allreduce(tensors, names, op, prescale, postscale, grouped):
+def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_set=0):
     inputs = [as_input(t) for t in tensors]
     outputs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs]
     works = submit(KIND_ALLREDUCE, names, inputs, outputs, op, 0, prescale, postscale,
-                   grouped=grouped)
+                   grouped=grouped, process_set=process_set)
     return works, outputs
 
 
 def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=1.0,
-                  grouped=False):
+                  grouped=False, process_set=0):
     """Submits an in-place collective; returns (works, finish) where finish
     copies results back into tensors that had to be made contiguous."""
     buffers, copy_back = [], []
@@ -198,7 +222,8 @@ def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=
         buffers.append(_dense(t))
         if buffers[-1] is not t and t.numel():
             copy_back.append((t, buffers[-1]))
-    works = submit(kind, names, buffers, buffers, op, root, prescale, postscale, grouped=grouped)
+    works = submit(kind, names, buffers, buffers, op, root, prescale, postscale, grouped=grouped,
+                   process_set=process_set)
 
     def finish():
         for target, buffer in copy_back:
@@ -206,7 +231,8 @@ def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=
     return works, finish
 
 
-def start_inplace_one(kind, tensor, name, op=Sum, root=0, prescale=1.0, postscale=1.0):
+def start_inplace_one(kind, tensor, name, op=Sum, root=0, prescale=1.0, postscale=1.0,
+                      process_set=0):
     """One checked tensor, in place: returns a handle whose result is
     ``tensor``. A contiguous CPU tensor (every gradient of a CPU model) is
     handed to the core by pointer, which costs a fraction of a DLPack
@@ -214,37 +240,38 @@ def start_inplace_one(kind, tensor, name, op=Sum, root=0, prescale=1.0, postscal
     if tensor.is_cpu and tensor.is_contiguous() and tensor.numel():
         work = submission.submit_one_host(kind, name, tensor, tensor.data_ptr(), tensor.shape,
                                           _CORE_DTYPES[tensor.dtype], op, root, prescale,
-                                          postscale)
+                                          postscale, process_set)
         return OneHandle(work, tensor)
-    works, finish = start_inplace(kind, [tensor], [name], op, root, prescale, postscale)
+    works, finish = start_inplace(kind, [tensor], [name], op, root, prescale, postscale,
+                                  process_set=process_set)
     return Handle(works, lambda ws: (finish(), tensor)[1])
 
 
-def start_broadcast(tensor, root_rank, name):
+def start_broadcast(tensor, root_rank, name, process_set=0):
     x = as_input(tensor)
     out = torch.empty_like(x)
-    works = submit(KIND_BROADCAST, [name], [x], [out], root=root_rank)
+    works = submit(KIND_BROADCAST, [name], [x], [out], root=root_rank, process_set=process_set)
     return works, lambda ws: out
 
 
-def start_allgather(tensors, names, grouped=False):
+def start_allgather(tensors, names, grouped=False, process_set=0):
     inputs = [as_input(t) for t in tensors]
     dtypes = [x.dtype for x in inputs]
-    works = submit(KIND_ALLGATHER, names, inputs, grouped=grouped)
+    works = submit(KIND_ALLGATHER, names, inputs, grouped=grouped, process_set=process_set)
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
-def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False):
+def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False, process_set=0):
     inputs = [as_input(t) for t in tensors]
     dtypes = [x.dtype for x in inputs]
     works = submit(KIND_REDUCESCATTER, names, inputs, op=op, prescale=prescale,
-                   postscale=postscale, grouped=grouped)
+                   postscale=postscale, grouped=grouped, process_set=process_set)
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
-def start_alltoall(tensor, splits, name):
+def start_alltoall(tensor, splits, name, process_set=0):
     x = as_input(tensor)
-    works = submit(KIND_ALLTOALL, [name], [x], splits=splits)
+    works = submit(KIND_ALLTOALL, [name], [x], splits=splits, process_set=process_set)
 
     def finish(ws):
         received = torch.tensor([int(s) for s in ws[0].received_splits], dtype=torch.int32)
@@ -252,9 +279,10 @@ def start_alltoall(tensor, splits, name):
     return works, finish
 
 
-def name_or_auto(name: str | None, kind: str) -> str:
-    """``name``, or the next automatic name of ``kind``."""
-    return check_name(name, kind)
+def name_or_auto(name: str | None, kind: str, process_set: int = 0) -> str:
+    """``name``, or the next automatic name of ``kind`` in the process set
+    with id ``process_set`` (each set counts its unnamed calls on its own)."""
+    return check_name(name, kind, process_set)
 
 
 def grad_name(name, named, suffix):
@@ -265,20 +293,22 @@ def grad_name(name, named, suffix):
 
 # Shorthands used by the backward passes (already-validated tensors).
 
-def allreduce_now(tensor, op=Sum, name=None, prescale=1.0, postscale=1.0):
-    works, outputs = start_allreduce([tensor], [name_or_auto(name, "allreduce")], op, prescale,
-                                     postscale, False)
+def allreduce_now(tensor, op=Sum, name=None, prescale=1.0, postscale=1.0, process_set=0):
+    works, outputs = start_allreduce([tensor], [name_or_auto(name, "allreduce", process_set)], op,
+                                     prescale, postscale, False, process_set)
     return synchronize(Handle(works, lambda ws: outputs[0]))
 
 
-def allgather_now(tensor, name=None):
-    works, finish = start_allgather([tensor], [name_or_auto(name, "allgather")])
+def allgather_now(tensor, name=None, process_set=0):
+    works, finish = start_allgather([tensor], [name_or_auto(name, "allgather", process_set)],
+                                    process_set=process_set)
     return synchronize(Handle(works, lambda ws: finish(ws)[0]))
 
 
-def reducescatter_now(tensor, op=Sum, name=None):
-    works, finish = start_reducescatter([tensor], [name_or_auto(name, "reducescatter")], op,
-                                        1.0, 1.0)
+def reducescatter_now(tensor, op=Sum, name=None, process_set=0):
+    works, finish = start_reducescatter([tensor],
+                                        [name_or_auto(name, "reducescatter", process_set)], op,
+                                        1.0, 1.0, process_set=process_set)
     return synchronize(Handle(works, lambda ws: finish(ws)[0]))
 
 

@@ -1,4 +1,9 @@
-"""Broadcasting model parameters, optimizer state and Python objects."""
+"""Broadcasting model parameters, optimizer state and Python objects.
+
+Each function takes ``process_set`` (default: every rank): with a
+:class:`hora.ProcessSet` it runs among that set's ranks only, which alone
+call it; ``root_rank`` stays a global rank, one of the set's.
+"""
 
 from __future__ import annotations
 
@@ -12,25 +17,27 @@ from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
 from hora.common.basics import rank
 from hora.torch import mpi_ops
-from hora.torch._collectives import check_process_set, check_root, check_tensor
+from hora.torch._collectives import (
+    ProcessSet, check_root, check_tensor, global_process_set, set_id, set_object)
 from hora.torch.optimizer import _local_step
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor]
                          | Iterable[torch.Tensor | tuple[str, torch.Tensor]], root_rank: int,
-                         process_set: None = None) -> None:
+                         process_set: ProcessSet = global_process_set) -> None:
     """Overwrites every rank's tensors with ``root_rank``'s, in place.
 
     ``params`` is a dict of name -> tensor (``model.state_dict()``; entries
     are broadcast in sorted key order) or an iterable of tensors or of
     ``(name, tensor)`` pairs (``model.parameters()``,
     ``model.named_parameters()``). Every rank must pass the same names,
-    shapes and dtypes in the same order. Raises ``ValueError`` for another
-    kind of ``params``, repeated names or a process set, ``TypeError`` for an
-    entry that is not a tensor, :class:`hora.HoraMismatchError` when ranks
-    disagree.
+    shapes and dtypes in the same order. With ``process_set`` only that
+    set's ranks take part (and call it). Raises ``ValueError`` for another
+    kind of ``params``, repeated names, a process set this rank is not in or
+    a root outside it, ``TypeError`` for an entry that is not a tensor,
+    :class:`hora.HoraMismatchError` when ranks disagree.
     """
-    check_process_set(process_set, "broadcast_parameters")
+    set_id(process_set, "broadcast_parameters")
     root_rank = check_root(root_rank, "broadcast_parameters")
     if isinstance(params, collections.abc.Mapping):
         entries = sorted(params.items(), key=lambda item: str(item[0]))
@@ -48,7 +55,8 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor]
                             f"not a tensor")
         check_tensor(tensor, f"broadcast_parameters '{name}'")
     handles = [mpi_ops.broadcast_async_(tensor, root_rank,
-                                        None if name is None else f"broadcast_parameters.{name}")
+                                        None if name is None else f"broadcast_parameters.{name}",
+                                        process_set)
                for name, tensor in entries]
     wait_all(handles)
 
@@ -140,7 +148,7 @@ def _fit_state(optimizer, description):
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                               model: torch.nn.Module | None = None,
-                              process_set: None = None) -> None:
+                              process_set: ProcessSet = global_process_set) -> None:
     """Makes every rank's optimizer state and hyper-parameters equal to
     ``root_rank``'s.
 
@@ -157,13 +165,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     root has no state yet, nothing but
     the hyper-parameters is sent: the state will then be created identically
     on every rank by the first step. Every rank must hold the same
-    parameters in the same groups. Raises ``ValueError`` for
-    ``torch.optim.LBFGS`` (its state is not per-parameter), for a process set,
-    or (on every rank) when the ranks' parameter groups differ in layout;
-    when creating the state fails on some rank, every rank raises
-    ``RuntimeError`` naming the rank and its error.
+    parameters in the same groups. With ``process_set`` only that set's
+    ranks take part (and call it). Raises ``ValueError`` for
+    ``torch.optim.LBFGS`` (its state is not per-parameter), for a process set
+    this rank is not in or a root outside it, or (on every rank) when the
+    ranks' parameter groups differ in layout; when creating the state fails
+    on some rank, every rank raises ``RuntimeError`` naming the rank and its
+    error.
     """
-    check_process_set(process_set, "broadcast_optimizer_state")
+    set_id(process_set, "broadcast_optimizer_state")
+    process_set = set_object(process_set)
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state: cannot broadcast torch.optim.LBFGS state")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -172,14 +183,16 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     root_rank = check_root(root_rank, "broadcast_optimizer_state")
     is_root = rank() == root_rank
     description = _ops.broadcast_object(_describe(optimizer) if is_root else None, root_rank,
-                                        name="broadcast_optimizer_state.layout")
+                                        name="broadcast_optimizer_state.layout",
+                                        process_set=process_set)
     layout = [len(group["params"]) for group in optimizer.param_groups]
     root_layout = [len(entries) for _, entries in description]
     problem = None
     if layout != root_layout:
         problem = (f"rank {rank()} has parameter groups of sizes {layout} but root rank "
                    f"{root_rank} has {root_layout}")
-    problems = [p for p in _ops.allgather_object(problem, name="broadcast_optimizer_state.check")
+    problems = [p for p in _ops.allgather_object(problem, name="broadcast_optimizer_state.check",
+                                                 process_set=process_set)
                 if p is not None]
     if problems:
         raise ValueError("broadcast_optimizer_state: " + "; ".join(problems))
@@ -196,7 +209,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             _fit_state(optimizer, description)
         except Exception as error:  # reported on every rank below, so none hangs
             failure = f"rank {rank()}: {type(error).__name__}: {error}"
-    failures = [f for f in _ops.allgather_object(failure, name="broadcast_optimizer_state.init")
+    failures = [f for f in _ops.allgather_object(failure, name="broadcast_optimizer_state.init",
+                                                 process_set=process_set)
                 if f is not None]
     if failures:
         raise RuntimeError("broadcast_optimizer_state: creating the optimizer state failed on "
@@ -211,20 +225,25 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
             for key, spec in entry.items():
                 if spec[0] == "tensor":
                     handles.append(mpi_ops.broadcast_async_(
-                        state[key], root_rank, name=f"broadcast_optimizer_state.{i}.{j}.{key}"))
+                        state[key], root_rank, name=f"broadcast_optimizer_state.{i}.{j}.{key}",
+                        process_set=process_set))
     wait_all(handles)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
-                     process_set: None = None) -> Any:
-    """Returns ``root_rank``'s picklable ``obj`` on every rank (the root gets
-    its own object back). Raises ``ValueError`` for a process set."""
-    check_process_set(process_set, "broadcast_object")
-    return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name)
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (of
+    ``process_set``; the root gets its own object back). Raises
+    ``ValueError`` for a process set this rank is not in or a root outside it."""
+    set_id(process_set, "broadcast_object")
+    return _ops.broadcast_object(obj, check_root(root_rank, "broadcast_object"), name,
+                                 process_set=set_object(process_set))
 
 
-def allgather_object(obj: Any, name: str | None = None, process_set: None = None) -> list[Any]:
-    """Returns the list of every rank's picklable ``obj``, in rank order.
-    Raises ``ValueError`` for a process set."""
-    check_process_set(process_set, "allgather_object")
-    return _ops.allgather_object(obj, name)
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Returns the list of every rank's picklable ``obj``, in rank order (the
+    members of ``process_set``, in the set's order). Raises ``ValueError``
+    for a process set this rank is not in."""
+    set_id(process_set, "allgather_object")
+    return _ops.allgather_object(obj, name, process_set=set_object(process_set))

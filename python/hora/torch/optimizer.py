@@ -8,6 +8,10 @@ schedulers, ``isinstance`` checks). A hook on each parameter starts that
 gradient's allreduce as soon as autograd has accumulated it, so
 communication overlaps the rest of the backward pass; ``step()`` waits for
 all of them and then runs the wrapped optimizer's update.
+
+With ``process_set=`` the gradients are reduced among that set's ranks only
+(averaged over the set's size); on a rank outside the set no gradient is
+reduced and ``step()`` applies the rank's own gradients, as in Horovod.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from hora.common.exceptions import HoraUsageError
 from hora.common.gradient_policy import (
     GradientPolicy, check_backward_passes, gradient_policy, group_units)
 from hora.torch import mpi_ops
-from hora.torch._collectives import check_process_set
+from hora.torch._collectives import ProcessSet, global_process_set, set_id, set_object
 from hora.torch.compression import Compression
 
 _UNNAMED = "allreduce.noname"
@@ -40,8 +44,12 @@ class _DistributedOptimizer:
     # --- set-up ------------------------------------------------------------
 
     def _hora_setup(self, names, units, unit_names, policy: GradientPolicy,
-                    backward_passes_per_step, sparse_as_dense):
+                    backward_passes_per_step, sparse_as_dense, process_set):
         self._hora_compression = policy.compression
+        # passed to every reduction: the global set costs one identity check
+        self._hora_process_set = process_set
+        # outside the set nothing is reduced: no hooks, step() is a local one
+        self._hora_member = process_set is global_process_set or bool(process_set.included())
         self.backward_passes_per_step = backward_passes_per_step
         self._hora_op = policy.op
         self._hora_prescale = policy.prescale
@@ -75,7 +83,8 @@ class _DistributedOptimizer:
         for p in params:
             self._hora_unit_of[p] = index
             self._hora_delay[p] = self.backward_passes_per_step
-            self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
+            if self._hora_member:
+                self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
 
     # --- hooks and reductions -------------------------------------------------
 
@@ -115,7 +124,8 @@ class _DistributedOptimizer:
         if not grouped and params[0].grad.is_sparse:
             p = params[0]
             handle = mpi_ops.sparse_allreduce_async(p.grad, name=self._hora_names[p],
-                                                    op=self._hora_op)
+                                                    op=self._hora_op,
+                                                    process_set=self._hora_process_set)
             self._hora_pending[index] = ("sparse", handle, [p], ())
             return
         compressed = [self._hora_compression.compress(p.grad) for p in params]
@@ -123,11 +133,13 @@ class _DistributedOptimizer:
         if grouped:
             handle = mpi_ops.grouped_allreduce_async_(
                 tensors, name=self._hora_unit_names[index], op=self._hora_op,
-                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
+                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale,
+                process_set=self._hora_process_set)
         else:
             handle = mpi_ops.allreduce_async_(
                 tensors[0], name=self._hora_names[params[0]], op=self._hora_op,
-                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale)
+                prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale,
+                process_set=self._hora_process_set)
         self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)), was_sparse)
 
     def _hora_finish(self, entry, result):
@@ -159,7 +171,12 @@ class _DistributedOptimizer:
         zeros, so no rank waits forever), waits for all and writes the
         results into ``p.grad``. Call it before inspecting or clipping
         gradients, then call ``step()`` inside :meth:`skip_synchronize`.
-        Raises the collective's :class:`hora.HoraError` if one failed."""
+        On a rank outside the optimizer's process set it does nothing (the
+        gradients stay this rank's own). Raises the collective's
+        :class:`hora.HoraError` if one failed."""
+        if not self._hora_member:
+            self._hora_synchronized = True
+            return
         for index in range(len(self._hora_units)):
             if self._hora_pending.get(index) is None:
                 self._hora_start(index)
@@ -308,7 +325,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False,
-                         process_set: None = None) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -332,7 +349,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: with Average, gradients are divided by
             this factor before the sum and by ``size() / factor`` after it
-            (default 1.0).
+            (the process set's size with ``process_set``; default 1.0).
         num_groups: Horovod's older spelling of an int ``groups``; a
             non-zero value warns (``DeprecationWarning``) and is used when
             ``groups`` is None. It sits before ``groups`` so that positional
@@ -345,7 +362,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             reduced separately).
         sparse_as_dense: reduce sparse gradients as dense tensors (default
             False: they are reduced by gathering indices and values).
-        process_set: must be None (hora has no process sets).
+        process_set: the :class:`hora.ProcessSet` whose ranks the gradients
+            are reduced among (default ``global_process_set``: all ranks);
+            Average divides by the set's size. Every rank may wrap its
+            optimizer with the same set: on ranks outside it nothing is
+            reduced and ``step()`` applies the local gradients (Horovod's).
+            Two sets may use the same parameter names at the same time.
 
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
@@ -353,10 +375,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     malformed or missing ``named_parameters`` entries, an op other than
     Average/Sum (Adasum is not supported), ``gradient_predivide_factor`` not
     1.0 with Sum or not positive, bad ``groups`` or
-    ``backward_passes_per_step``, or an optimizer that is already wrapped.
+    ``backward_passes_per_step``, an optimizer that is already wrapped, or a
+    process set that is not registered (``TypeError`` for something that is
+    not a process set).
     """
     what = "DistributedOptimizer"
-    check_process_set(process_set, what)
+    set_id(process_set, what)
+    process_set = set_object(process_set)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -390,8 +415,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
     wrapped._parameter_names = names
+    wrapped.process_set = process_set  # Horovod's attribute
     wrapped._hora_setup({p: f"allreduce.{name}" for p, name in names.items()}, units,
-                        unit_names, policy, passes, sparse_as_dense)
+                        unit_names, policy, passes, sparse_as_dense, process_set)
     return wrapped
 
 

@@ -1,4 +1,5 @@
-"""Batch normalization with statistics over the batches of all ranks."""
+"""Batch normalization with statistics over the batches of all ranks (or of
+the ranks of a process set)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hora.torch._collectives import Sum, allgather_now, allreduce_now
+from hora.torch._collectives import (
+    ProcessSet, Sum, allgather_now, allreduce_now, global_process_set, set_id)
 
 
 def _reduce_dims(x):
@@ -19,7 +21,7 @@ def _per_channel(t, x):
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, ident):
         channels = x.shape[1]
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         xw = x.to(work)
@@ -33,7 +35,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             local_m2 = torch.zeros(channels, dtype=work, device=x.device)
         stats = torch.cat([torch.tensor([float(count)], dtype=work, device=x.device), local_mean,
                            local_m2])
-        gathered = allgather_now(stats.unsqueeze(0))
+        gathered = allgather_now(stats.unsqueeze(0), process_set=ident)
         counts = gathered[:, :1]
         means = gathered[:, 1:1 + channels]
         m2s = gathered[:, 1 + channels:]
@@ -62,6 +64,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         ctx.save_for_backward(xhat, invstd, weight)
         ctx.total = total
         ctx.has_bias = bias is not None
+        ctx.process_set = ident
         return y.to(x.dtype)
 
     @staticmethod
@@ -76,7 +79,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # the statistics depend on every rank's input, so the input's
             # gradient needs the sums over all ranks
             channels = sum_g.shape[0]
-            totals = allreduce_now(torch.cat([sum_g, sum_g_xhat]), Sum)
+            totals = allreduce_now(torch.cat([sum_g, sum_g_xhat]), Sum,
+                                   process_set=ctx.process_set)
             mean_g = totals[:channels] / ctx.total
             mean_g_xhat = totals[channels:] / ctx.total
             scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
@@ -86,7 +90,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_weight = sum_g_xhat.to(weight.dtype) if weight is not None else None
         grad_bias = sum_g.to(weight.dtype if weight is not None else grad.dtype) \
             if ctx.has_bias else None
-        return grad_x, grad_weight, grad_bias, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -105,14 +109,21 @@ class SyncBatchNorm(_BatchNorm):
     other than CPU or CUDA and a global batch with a single value per
     channel in training. Training-mode forward and backward are collectives:
     every rank must run them.
+
+    ``process_set`` (a :class:`hora.ProcessSet`, default every rank) takes
+    the statistics over the batches of that set's ranks only, which alone
+    run the module in training mode (another rank gets ``ValueError``).
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True,
                  device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None,
+                 process_set: ProcessSet = global_process_set) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype)
+        set_id(process_set, "SyncBatchNorm")
+        self.process_set = global_process_set if process_set is None else process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -137,17 +148,19 @@ class SyncBatchNorm(_BatchNorm):
         update = self.training and self.track_running_stats
         return _SyncBatchNormFunction.apply(
             input, self.weight, self.bias, self.running_mean if update else None,
-            self.running_var if update else None, self.eps, factor)
+            self.running_var if update else None, self.eps, factor,
+            set_id(self.process_set, "SyncBatchNorm"))
 
     @classmethod
-    def convert_sync_batchnorm(cls, module: torch.nn.Module) -> torch.nn.Module:
+    def convert_sync_batchnorm(cls, module: torch.nn.Module,
+                               process_set: ProcessSet = global_process_set) -> torch.nn.Module:
         """Returns ``module`` with every ``torch.nn.BatchNorm*d`` inside it (or
         itself) replaced by a :class:`SyncBatchNorm` holding the same
-        parameters and running statistics."""
+        parameters and running statistics, synchronized over ``process_set``."""
         result = module
         if isinstance(module, _BatchNorm) and not isinstance(module, cls):
             result = cls(module.num_features, module.eps, module.momentum, module.affine,
-                         module.track_running_stats)
+                         module.track_running_stats, process_set=process_set)
             if module.affine:
                 with torch.no_grad():
                     result.weight = module.weight
@@ -157,5 +170,5 @@ class SyncBatchNorm(_BatchNorm):
             result.num_batches_tracked = module.num_batches_tracked
             result.training = module.training
         for name, child in module.named_children():
-            result.add_module(name, cls.convert_sync_batchnorm(child))
+            result.add_module(name, cls.convert_sync_batchnorm(child, process_set))
         return result

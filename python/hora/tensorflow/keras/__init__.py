@@ -1,8 +1,8 @@
 """``import hora.tensorflow.keras as hvd`` (or ``hora.keras``): Horovod's
 Keras API for the Keras that ``tf.keras`` is: Keras 3 by default on
 TensorFlow 2.16+, Keras 2 (``tf_keras``) with ``TF_USE_LEGACY_KERAS=1``.
-``DistributedOptimizer``, the callbacks, ``load_model`` and the runtime
-functions."""
+``DistributedOptimizer`` (``process_set=`` reduces among a process set's
+ranks), the callbacks, ``load_model`` and the runtime functions."""
 
 from __future__ import annotations
 
@@ -27,17 +27,19 @@ from hora.tensorflow.keras import callbacks, elastic
 from hora.tensorflow.keras._flavor import keras
 from hora.tensorflow.keras.optimizer import (
     DistributedOptimizer, PartialDistributedOptimizer, adopt)
-from hora.tensorflow.mpi_ops import global_process_set, join
+from hora.tensorflow.mpi_ops import (
+    ProcessSet, add_process_set, global_process_set, join, remove_process_set)
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HoraError", "HoraMismatchError",
-    "Max", "Min", "PartialDistributedOptimizer", "Product", "ReduceOp", "Sum", "allgather",
+    "Max", "Min", "PartialDistributedOptimizer", "ProcessSet", "Product", "ReduceOp", "Sum",
+    "add_process_set", "allgather",
     "allgather_object", "allreduce", "broadcast", "broadcast_global_variables",
     "broadcast_object", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
     "ddl_built", "elastic", "global_process_set", "gloo_built", "gloo_enabled", "init",
     "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "rocm_built",
-    "shutdown", "size", "start_timeline", "stop_timeline"]
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline"]
 
 
 # Horovod's Keras spellings: a value (anything tf.convert_to_tensor takes) and the

@@ -24,6 +24,7 @@ from typing import Any
 from hora.common.basics import Average, ReduceOp
 from hora.common.compression import Compressor
 from hora.common.gradient_policy import check_backward_passes, resolve_groups
+from hora.common.process_sets import ProcessSet, global_process_set
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 from hora.tensorflow.keras._flavor import is_tf_keras
@@ -144,9 +145,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                          op: ReduceOp | int = Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: int | None = None, process_set: None = None,
+                         groups: int | None = None,
+                         process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Returns a Keras optimizer that averages gradients over all ranks.
+    """Returns a Keras optimizer that averages gradients over all ranks, or
+    over the ranks of ``process_set``.
     ``optimizer`` is a Keras 3 optimizer, or a Keras 2 one (``tf_keras``,
     including its legacy optimizers; see
     :mod:`hora.tensorflow.keras.optimizer_keras2` for where those reduce).
@@ -162,10 +165,13 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     Horovod does.
     ``register_local_var(var)`` keeps a variable's gradient local (divided
     by ``size()`` when ``scale_local_gradients``, the default, as Horovod).
-    ``name`` renames the optimizer; ``device_*`` and ``process_set`` (other
-    than the global set) are accepted for Horovod compatibility. Raises
-    ``TypeError`` for anything but a Keras optimizer and ``ValueError`` for
-    bad settings."""
+    With ``process_set`` the gradients are averaged among that set's ranks
+    (local gradients divided by its size); as in Horovod, a process outside
+    the set trains on its own gradients, unreduced.
+    ``name`` renames the optimizer; ``device_*`` are accepted for Horovod
+    compatibility. Raises ``TypeError`` for anything but a Keras optimizer
+    (or a process set that is not a ``hora.ProcessSet``) and ``ValueError``
+    for bad settings (an unregistered process set among them)."""
     what = "DistributedOptimizer"
     steps = check_backward_passes(backward_passes_per_step, what)
     # resolved here, so that the num_groups warning is given once, not again
@@ -218,7 +224,8 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None,
                                 gradient_predivide_factor: float = 1.0,
                                 op: ReduceOp | int = Average, backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False,
-                                groups: int | None = None, process_set: None = None,
+                                groups: int | None = None,
+                                process_set: ProcessSet = global_process_set,
                                 local_layers: Any = None,
                                 scale_local_gradients: bool = True) -> Any:
     """:func:`DistributedOptimizer` whose ``local_layers`` (a Keras layer or
