@@ -310,3 +310,23 @@ def test_sets_from_mpi_communicators(rank, size, two_or_more):
         hora.shutdown()
         comm.Free()
         hora.init(process_sets="dynamic")
+
+
+def test_timeline_rows_name_the_set(tmp_path, rank, size, sets):
+    import json
+    evens, _, mine = sets
+    path = tmp_path / "timeline.json"
+    hora.start_timeline(path)
+    hora.barrier()
+    hora.allreduce(np.ones(3), name="ps.tl", op=hora.Sum, process_set=mine)
+    hora.allreduce(np.ones(3), name="ps.tl", op=hora.Sum)
+    hora.barrier()
+    hora.stop_timeline()
+    hora.barrier()
+    if rank != 0:
+        return
+    rows = {e["args"]["name"] for e in json.loads(path.read_text())
+            if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert "ps.tl" in rows
+    if evens is not hora.global_process_set:  # rank 0 is in the evens
+        assert f"ps.tl [process set {evens.process_set_id}]" in rows, rows

@@ -34,9 +34,10 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int> ranks, std::unique_ptr<Commu
     : id_(id),
       ranks_(std::move(ranks)),
       comm_(std::move(comm)),
+      timeline_(timeline, " [process set " + std::to_string(id) + "]"),
       queue_(std::move(on_new_work)),
-      controller_(comm_.get(), config, timeline),
-      executor_(comm_.get(), &queue_, config, timeline) {}
+      controller_(comm_.get(), config, &timeline_),
+      executor_(comm_.get(), &queue_, config, &timeline_) {}
 
 Status ProcessSet::StartRouter(const AllreduceSettings& settings) {
   std::unique_ptr<AllreduceRouter> router;

@@ -32,7 +32,7 @@ std::string InvalidProcessSetRanks(const std::vector<int>& ranks, int size);
 class ProcessSet {
  public:
   // `comm` is the set's communicator (this rank is a member); `timeline` is
-  // the job's (written on global rank 0), shared by every set.
+  // the job's (written on global rank 0).
   ProcessSet(int32_t id, std::vector<int> ranks, std::unique_ptr<Communicator> comm,
              const Config& config, Timeline* timeline, std::function<void()> on_new_work);
 
@@ -52,6 +52,9 @@ class ProcessSet {
   const int32_t id_;
   const std::vector<int> ranks_;  // global ranks, ascending; set rank k is ranks_[k]
   std::unique_ptr<Communicator> comm_;
+  // The job's timeline, each of this set's tensors on a row of its own
+  // ("grad.3 [process set 2]"); written where the job's timeline is (rank 0).
+  Timeline timeline_;
   TensorQueue queue_;
   Controller controller_;
   Executor executor_;

@@ -86,10 +86,16 @@ void Timeline::StopLocked() {
 }
 
 int64_t Timeline::Micros(Clock::time_point t) const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(t - origin_).count();
+  const Timeline* base = target_ ? target_ : this;  // a view counts from its file's start
+  return std::chrono::duration_cast<std::chrono::microseconds>(t - base->origin_).count();
 }
 
 void Timeline::Push(Event event) {
+  if (target_) {
+    event.row += row_suffix_;
+    target_->Push(std::move(event));
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (queue_.size() >= capacity_) {

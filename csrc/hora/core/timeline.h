@@ -32,6 +32,10 @@ class Timeline {
   using Clock = std::chrono::steady_clock;
 
   Timeline() = default;
+  // A view that writes into `target`'s file, with `row_suffix` added to
+  // every tensor's row (" [process set 2]": one row per tensor and set).
+  Timeline(Timeline* target, std::string row_suffix)
+      : target_(target), row_suffix_(std::move(row_suffix)) {}
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
@@ -41,8 +45,12 @@ class Timeline {
   Status Start(const std::string& path, bool mark_cycles, size_t queue_events);
   // Finishes the file (closing bracket) and stops the writer.
   void Stop();
-  bool active() const { return active_.load(std::memory_order_relaxed); }
-  bool mark_cycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
+  bool active() const {
+    return target_ ? target_->active() : active_.load(std::memory_order_relaxed);
+  }
+  bool mark_cycles() const {
+    return target_ ? target_->mark_cycles() : mark_cycles_.load(std::memory_order_relaxed);
+  }
 
   // One row per tensor. `activity` spans nest: Begin/End pairs, or Span for
   // one whose start was noted earlier. `args` is a JSON object or "".
@@ -70,6 +78,8 @@ class Timeline {
   void Write(const Event& event);
   void WriteRaw(const std::string& json);
 
+  Timeline* target_ = nullptr;  // a view: events go there
+  std::string row_suffix_;
   std::atomic<bool> active_{false};
   std::atomic<bool> mark_cycles_{false};
   Clock::time_point origin_;

@@ -2,7 +2,10 @@
 
 Pure Python over the core (nothing compiled against MXNet): collectives on
 CPU ``mx.nd.NDArray``s, ``DistributedOptimizer`` for Module or hand-written
-update loops, ``DistributedTrainer`` for gluon, ``broadcast_parameters``.
+update loops, ``DistributedTrainer`` for gluon, ``broadcast_parameters``;
+each takes ``process_set=`` to run among a subset of the ranks
+(``ProcessSet``, ``add_process_set``, ``remove_process_set``,
+``global_process_set``).
 Tested with MXNet 1.9.1, which on Python 3.11 needs ``numpy<1.24``.
 """
 
@@ -16,19 +19,22 @@ from hora.common.exceptions import (
 from hora.mxnet.compression import Compression
 from hora.mxnet.functions import allgather_object, broadcast_object
 from hora.mxnet.mpi_ops import (
-    allgather, allreduce, allreduce_, alltoall, barrier, broadcast, broadcast_,
-    global_process_set, grouped_allreduce, grouped_allreduce_, join, reducescatter)
+    ProcessSet, add_process_set, allgather, allreduce, allreduce_, alltoall, barrier, broadcast,
+    broadcast_, global_process_set, grouped_allreduce, grouped_allreduce_, join, reducescatter,
+    remove_process_set)
 from hora.mxnet.training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer", "HoraError",
     "HoraInternalError", "HoraMismatchError", "HoraShutdownError", "HorovodInternalError", "Max",
-    "Min", "Product", "ReduceOp", "Sum", "allgather", "allgather_object", "allreduce", "allreduce_",
+    "Min", "ProcessSet", "Product", "ReduceOp", "Sum", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "allreduce_",
     "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",
     "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
     "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce", "grouped_allreduce_",
     "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter", "rocm_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
+    "remove_process_set", "rocm_built",
     "shutdown", "size", "start_timeline", "stop_timeline",
 ]
 

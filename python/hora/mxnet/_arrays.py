@@ -1,5 +1,6 @@
-"""Checks MXNet NDArrays and hands their memory to hora's core; shared by
-the collectives (``mpi_ops``) and the training helpers (``training``)."""
+"""Checks MXNet NDArrays (and ``process_set=`` arguments) and hands their
+memory to hora's core; shared by the collectives (``mpi_ops``), the object
+functions (``functions``) and the training helpers (``training``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from collections.abc import Iterable
 
 import mxnet as mx
 import numpy as np
+
+from hora.common.exceptions import HoraTypeError
+from hora.common.process_sets import ProcessSet, global_process_set, process_set_id
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16,
                                                 np.float32, np.float64))
@@ -27,6 +31,21 @@ class Memory:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
+
+
+def set_object(process_set: ProcessSet | None, what: str) -> ProcessSet:
+    """``process_set`` as a registered :class:`hora.ProcessSet` (None: the
+    global set). ``ValueError`` for a set that is not registered,
+    :class:`hora.HoraTypeError` (a ``TypeError`` and a ``ValueError``) for
+    something that is not a process set."""
+    if process_set is global_process_set or process_set is None:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise HoraTypeError(f"{what}: process_set must be one of hora's process sets (a "
+                            f"hora.ProcessSet: global_process_set or one made by "
+                            f"add_process_set), got {type(process_set).__name__}")
+    process_set_id(process_set, what)
+    return process_set
 
 
 def check_array(tensor: mx.nd.NDArray, what: str) -> mx.nd.NDArray:

@@ -9,6 +9,14 @@ synchronous: they return once the result is in place. Argument errors raise
 ``TypeError``/``ValueError``; ranks that disagree get
 :class:`hora.HoraMismatchError` on every rank. ``priority`` is accepted for
 Horovod compatibility; hora orders work by submission.
+
+Every collective takes ``process_set`` (default ``global_process_set``), as
+in Horovod: with a :class:`hora.ProcessSet` it runs among that set's ranks
+only, which alone call it; Average divides by the set's size, results come
+in the set's rank order, alltoall splits have one entry per member,
+``root_rank`` stays a global rank (one of the set's), and unnamed calls are
+matched by call order within each set. A rank outside the set, or a set
+that is not registered, gets ``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,14 +28,12 @@ import numpy as np
 
 from hora.common import ops as _ops
 from hora.common._adapter.naming import check_name
-from hora.common.arguments import check_process_set, check_root, check_splits, resolve_op
+from hora.common.arguments import check_root, check_splits, resolve_op
 from hora.common.basics import Average, ReduceOp, Sum  # noqa: F401 (re-exported by hora.mxnet)
+from hora.common.process_sets import (  # noqa: F401 (Horovod's mxnet.mpi_ops has them)
+    ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set)
 from hora.mxnet._arrays import SUPPORTED_DTYPES  # noqa: F401 (public here since the start)
-from hora.mxnet._arrays import Memory, check_array, check_arrays
-
-# hora runs every collective over all ranks; Horovod code that passes
-# ``process_set=hvd.global_process_set`` keeps working.
-global_process_set = None
+from hora.mxnet._arrays import Memory, check_array, check_arrays, set_object
 
 
 def _from_numpy(array, dtype):
@@ -38,23 +44,27 @@ def _from_numpy(array, dtype):
 
 def allreduce_(tensor: mx.nd.NDArray, average: bool | None = None, name: str | None = None,
                priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-               process_set: None = None, op: ReduceOp | int | None = None) -> mx.nd.NDArray:
+               process_set: ProcessSet = global_process_set,
+               op: ReduceOp | int | None = None) -> mx.nd.NDArray:
     """Reduces ``tensor`` over all ranks in place and returns it. ``op`` is
     Average (the default), Sum, Min, Max or Product (``average`` is the
     deprecated spelling); ``prescale_factor``/``postscale_factor`` multiply
     the input and the result (integers: in float64, truncated toward zero,
-    as Horovod does)."""
-    check_process_set(process_set, "allreduce_")
+    as Horovod does). ``process_set`` limits it to that set's ranks (Average
+    then divides by the set's size)."""
+    process_set = set_object(process_set, "allreduce_")
     op = resolve_op(average, op, "allreduce_")
     check_array(tensor, "allreduce_")
-    name = check_name(name, "allreduce")
-    _ops.allreduce_(Memory(tensor, True), name, op, prescale_factor, postscale_factor)
+    name = check_name(name, "allreduce", process_set_id(process_set))
+    _ops.allreduce_(Memory(tensor, True), name, op, prescale_factor, postscale_factor,
+                    process_set=process_set)
     return tensor
 
 
 def allreduce(tensor: mx.nd.NDArray, average: bool | None = None, name: str | None = None,
               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: None = None, op: ReduceOp | int | None = None) -> mx.nd.NDArray:
+              process_set: ProcessSet = global_process_set,
+              op: ReduceOp | int | None = None) -> mx.nd.NDArray:
     """Returns a new array with the reduction of ``tensor`` over all ranks;
     see :func:`allreduce_`."""
     check_array(tensor, "allreduce")
@@ -64,22 +74,22 @@ def allreduce(tensor: mx.nd.NDArray, average: bool | None = None, name: str | No
 
 def grouped_allreduce_(tensors: Iterable[mx.nd.NDArray], average: bool | None = None,
                        name: str | None = None, priority: int = 0, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0, process_set: None = None,
+                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
                        op: ReduceOp | int | None = None) -> list[mx.nd.NDArray]:
     """In-place allreduce of a list of arrays negotiated and fused as one
     unit; returns the list."""
-    check_process_set(process_set, "grouped_allreduce_")
+    process_set = set_object(process_set, "grouped_allreduce_")
     op = resolve_op(average, op, "grouped_allreduce_")
     tensors = check_arrays(tensors, "grouped_allreduce_")
     if tensors:
         _ops.grouped_allreduce_([Memory(t, True) for t in tensors], name, op, prescale_factor,
-                                postscale_factor)
+                                postscale_factor, process_set=process_set)
     return tensors
 
 
 def grouped_allreduce(tensors: Iterable[mx.nd.NDArray], average: bool | None = None,
                       name: str | None = None, priority: int = 0, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0, process_set: None = None,
+                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
                       op: ReduceOp | int | None = None) -> list[mx.nd.NDArray]:
     """:func:`grouped_allreduce_` into new arrays."""
     tensors = check_arrays(tensors, "grouped_allreduce")
@@ -95,27 +105,32 @@ def _check_rows(tensor, what):
 
 
 def allgather(tensor: mx.nd.NDArray, name: str | None = None, priority: int = 0,
-              process_set: None = None) -> mx.nd.NDArray:
+              process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
-    order; the first dimension may differ between ranks."""
-    check_process_set(process_set, "allgather")
+    order (the set's, with ``process_set``); the first dimension may differ
+    between ranks."""
+    process_set = set_object(process_set, "allgather")
     check_array(tensor, "allgather")
     _check_rows(tensor, "allgather")
-    return _from_numpy(_ops.allgather(tensor.asnumpy(), name), tensor.dtype)
+    return _from_numpy(_ops.allgather(tensor.asnumpy(), name, process_set=process_set),
+                       tensor.dtype)
 
 
 def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, priority: int = 0,
-               process_set: None = None) -> mx.nd.NDArray:
-    """Overwrites ``tensor`` with ``root_rank``'s values; returns it."""
-    check_process_set(process_set, "broadcast_")
+               process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
+    """Overwrites ``tensor`` with ``root_rank``'s values; returns it.
+    ``root_rank`` is a global rank, in ``process_set`` when one is given."""
+    process_set = set_object(process_set, "broadcast_")
     root_rank = check_root(root_rank, "broadcast_")
     check_array(tensor, "broadcast_")
-    _ops.broadcast_(Memory(tensor, True), root_rank, check_name(name, "broadcast"))
+    _ops.broadcast_(Memory(tensor, True), root_rank,
+                    check_name(name, "broadcast", process_set_id(process_set)),
+                    process_set=process_set)
     return tensor
 
 
 def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, priority: int = 0,
-              process_set: None = None) -> mx.nd.NDArray:
+              process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Returns a new array holding ``root_rank``'s ``tensor``."""
     check_array(tensor, "broadcast")
     return broadcast_(tensor.copy(), root_rank, name, priority, process_set)
@@ -123,37 +138,39 @@ def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, pr
 
 def alltoall(tensor: mx.nd.NDArray, splits: mx.nd.NDArray | Sequence[int] | None = None,
              name: str | None = None, priority: int = 0,
-             process_set: None = None) -> mx.nd.NDArray:
+             process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r`` and
     returns the rows received from every rank, in rank order (without
-    ``splits`` the first dimension is divided evenly)."""
-    check_process_set(process_set, "alltoall")
+    ``splits`` the first dimension is divided evenly). With ``process_set``
+    the ranks are the set's, in its order, one split per member."""
+    process_set = set_object(process_set, "alltoall")
     check_array(tensor, "alltoall")
     _check_rows(tensor, "alltoall")
     if splits is not None:
         values = splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else np.asarray(splits)
         splits = check_splits(values.reshape(-1).tolist(), "alltoall")
-    output, _ = _ops.alltoall(tensor.asnumpy(), splits, name)
+    output, _ = _ops.alltoall(tensor.asnumpy(), splits, name, process_set=process_set)
     return _from_numpy(output, tensor.dtype)
 
 
 def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp | int = Average, name: str | None = None,
-                  priority: int = 0, process_set: None = None, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> mx.nd.NDArray:
+                  priority: int = 0, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> mx.nd.NDArray:
     """Reduces ``tensor`` over all ranks and returns this rank's block of
-    rows (the first ``rows % size()`` ranks get one extra row)."""
-    check_process_set(process_set, "reducescatter")
+    rows (the first ``rows % size()`` ranks get one extra row; the set's
+    ranks and size with ``process_set``)."""
+    process_set = set_object(process_set, "reducescatter")
     op = resolve_op(None, op, "reducescatter")
     check_array(tensor, "reducescatter")
     _check_rows(tensor, "reducescatter")
-    result = _ops.reducescatter(tensor.asnumpy(), name, op, prescale_factor, postscale_factor)
+    result = _ops.reducescatter(tensor.asnumpy(), name, op, prescale_factor, postscale_factor,
+                                process_set=process_set)
     return _from_numpy(result, tensor.dtype)
 
 
-def barrier(process_set: None = None) -> None:
-    """Returns once every rank has called ``barrier``."""
-    check_process_set(process_set, "barrier")
-    _ops.barrier()
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank (of ``process_set``) has called ``barrier``."""
+    _ops.barrier(process_set=set_object(process_set, "barrier"))
 
 
 def join() -> int:
