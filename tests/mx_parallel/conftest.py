@@ -13,6 +13,7 @@ import hora.mxnet as hvd  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def hora_session():
-    hvd.init()
+    # Dynamic process sets: tests add and remove the sets they use.
+    hvd.init(process_sets="dynamic")
     yield
     hvd.shutdown()

@@ -46,9 +46,23 @@ BUS_FACTORS = {
 PLOT_COLORS = {"hora": "tab:blue", "mpi": "tab:green", "gloo": "tab:purple", "horovod": "tab:red"}
 
 
+# The world rank that prints: the first rank of the measured ranks.
+LOG_RANK = 0
+
+
 def log(message):
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    if MPI.COMM_WORLD.Get_rank() == LOG_RANK:
         print(message, flush=True)
+
+
+def parse_ranks(text, option, size):
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise SystemExit(f"{option} {text!r}: expected comma-separated ranks, e.g. 0,1") from None
+    if not ranks or ranks[0] < 0 or ranks[-1] >= size:
+        raise SystemExit(f"{option} {text!r}: ranks must lie in 0..{size - 1}")
+    return ranks
 
 
 def sizes(minimum, maximum):
@@ -136,23 +150,49 @@ def run_latency(args, comm):
     for group in implementations.phases(impls):
         with implementations.started(group):
             rows += [latency_row(args, comm, impl) for impl in group]
+    if args.idle_set:
+        rows += idle_set_latency(args, comm, impls[0])
     return rows
 
 
-def latency_row(args, comm, impl):
+def round_trips(comm, impl, iterations):
     x = np.zeros(2, np.float32)
     for _ in range(50):
         impl.allreduce(x)
     samples = []
     comm.Barrier()
-    for _ in range(args.iterations):
+    for _ in range(iterations):
         start = time.perf_counter()
         impl.allreduce(x)
         samples.append(time.perf_counter() - start)
+    return samples
+
+
+def latency_row(args, comm, impl, label=None, samples=None):
+    if samples is None:
+        samples = round_trips(comm, impl, args.iterations)
     p50 = comm.allreduce(percentile(samples, 50), op=MPI.MAX) * 1e6
     p99 = comm.allreduce(percentile(samples, 99), op=MPI.MAX) * 1e6
-    log(f"  {impl.name:>8}  p50 {p50:8.1f} us   p99 {p99:8.1f} us")
-    return {"impl": impl.name, "p50_us": p50, "p99_us": p99}
+    label = label or impl.name
+    log(f"  {label:>8}  p50 {p50:8.1f} us   p99 {p99:8.1f} us")
+    return {"impl": label, "p50_us": p50, "p99_us": p99}
+
+
+def idle_set_latency(args, comm, impl):
+    """hora's round trip on the global set without and with a second,
+    idle process set, in alternating blocks (the set is added and removed
+    between them), so that drift hits both alike."""
+    log(f"# the same with and without an idle process set of ranks {args.idle_set}, "
+        f"alternating blocks")
+    blocks = 6
+    without, with_set = [], []
+    for _ in range(blocks):
+        without += round_trips(comm, impl, args.iterations // blocks)
+        idle = hora.add_process_set(args.idle_set)
+        with_set += round_trips(comm, impl, args.iterations // blocks)
+        hora.remove_process_set(idle)
+    return [latency_row(args, comm, impl, "no set", without),
+            latency_row(args, comm, impl, "idle set", with_set)]
 
 
 def run_fusion(args, comm):
@@ -249,6 +289,13 @@ def build_parser():
     parser.add_argument("--sample-seconds", type=float, default=0.5,
                         help="autotune: HORA_AUTOTUNE_SAMPLE_SECONDS for the search (0.5)")
     parser.add_argument("--autotune-log", help="autotune: HORA_AUTOTUNE_LOG for the search")
+    parser.add_argument("--process-set", metavar="RANKS",
+                        help="run the sweep or latency inside a process set of these ranks "
+                             "(comma-separated, e.g. 0,1): hora in the set, MPI on a "
+                             "communicator of the same ranks; the other ranks wait")
+    parser.add_argument("--idle-set", metavar="RANKS",
+                        help="latency: also measure the global set's round trip with a second "
+                             "process set of these ranks registered but idle, against none")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="sweeps: draw busbw against size into this PNG")
     return parser
@@ -269,8 +316,29 @@ def main(argv=None):
     args.compare = [c for c in args.compare.split(",") if c and c != "hora"]
     args.collective = args.benchmark
 
-    hora.init()
-    comm = MPI.COMM_WORLD
+    world = MPI.COMM_WORLD
+    dynamic = bool(args.process_set or args.idle_set)
+    hora.init(process_sets="dynamic" if dynamic else None)
+    comm = world
+    if args.idle_set:
+        if args.benchmark != "latency":
+            raise SystemExit("--idle-set is a latency option")
+        args.idle_set = parse_ranks(args.idle_set, "--idle-set", world.Get_size())
+    if args.process_set and args.benchmark in ("autotune", "idle"):
+        raise SystemExit("--process-set applies to the size sweeps, latency and fusion")
+    if args.process_set:
+        global LOG_RANK
+        ranks = parse_ranks(args.process_set, "--process-set", world.Get_size())
+        process_set = hora.add_process_set(ranks)
+        member = world.Get_rank() in ranks
+        comm = world.Split(0 if member else MPI.UNDEFINED, world.Get_rank())
+        LOG_RANK = ranks[0]
+        log(f"# inside process set {ranks} ({len(ranks)} of {world.Get_size()} ranks)")
+        if not member:  # the other ranks wait for the measured ones
+            world.Barrier()
+            hora.shutdown()
+            return 0
+        implementations.SCOPE = implementations.Scope(comm, process_set)
     if args.benchmark == "latency":
         args.iterations = args.iterations or 2000
         rows = run_latency(args, comm)
@@ -286,6 +354,8 @@ def main(argv=None):
         rows = run_idle(args, comm)
     else:
         rows = run_sweep(args, comm)
+    if args.process_set:
+        world.Barrier()
     if comm.Get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:

@@ -12,32 +12,53 @@ from mpi4py import MPI
 import hora
 
 
+class Scope:
+    """Where a benchmark runs: every rank (the default), or with
+    ``--process-set`` a subset: hora's collectives in that process set, and
+    the alternatives on an MPI communicator of the same ranks."""
+
+    def __init__(self, comm=None, process_set=None):
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.process_set = process_set or hora.global_process_set
+
+    @property
+    def subset(self):
+        return self.process_set is not hora.global_process_set
+
+
+SCOPE = Scope()
+
+
 class Hora:
     name = "hora"
 
     def __init__(self):
         self.reason = None
+        self.ps = SCOPE.process_set
+        self.root = self.ps.ranks[0] if SCOPE.subset else 0  # a global rank
 
     def allreduce(self, buffer):
-        hora.allreduce_(buffer, name="bench.allreduce", op=hora.Sum)
+        hora.allreduce_(buffer, name="bench.allreduce", op=hora.Sum, process_set=self.ps)
 
     def allreduce_async_many(self, buffers):
-        handles = [hora.allreduce_async_(b, name=f"bench.many.{i}", op=hora.Sum)
+        handles = [hora.allreduce_async_(b, name=f"bench.many.{i}", op=hora.Sum,
+                                         process_set=self.ps)
                    for i, b in enumerate(buffers)]
         for handle in handles:
             hora.synchronize(handle)
 
     def allgather(self, buffer):
-        return hora.allgather(buffer, name="bench.allgather")
+        return hora.allgather(buffer, name="bench.allgather", process_set=self.ps)
 
     def broadcast(self, buffer):
-        hora.broadcast_(buffer, 0, name="bench.broadcast")
+        hora.broadcast_(buffer, self.root, name="bench.broadcast", process_set=self.ps)
 
     def reducescatter(self, buffer):
-        return hora.reducescatter(buffer, name="bench.reducescatter", op=hora.Sum)
+        return hora.reducescatter(buffer, name="bench.reducescatter", op=hora.Sum,
+                                  process_set=self.ps)
 
     def alltoall(self, buffer):
-        return hora.alltoall(buffer, name="bench.alltoall")[0]
+        return hora.alltoall(buffer, name="bench.alltoall", process_set=self.ps)[0]
 
 
 class Mpi:
@@ -47,7 +68,7 @@ class Mpi:
 
     def __init__(self):
         self.reason = None
-        self.comm = MPI.COMM_WORLD
+        self.comm = SCOPE.comm
 
     def allreduce(self, buffer):
         self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
@@ -191,6 +212,9 @@ def load(names, log):
     for name in names:
         if name not in KNOWN:
             raise SystemExit(f"unknown implementation {name!r}; choose from {', '.join(KNOWN)}")
+        if SCOPE.subset and name in ("gloo", "horovod"):
+            log(f"# skipping {name}: not measured inside a --process-set")
+            continue
         impl = KNOWN[name]()
         if impl.reason:
             log(f"# skipping {name}: {impl.reason}")

@@ -1,5 +1,10 @@
 """Training helpers for MXNet: DistributedOptimizer, DistributedTrainer and
-broadcast_parameters, with Horovod's names and arguments."""
+broadcast_parameters, with Horovod's names and arguments.
+
+``process_set=`` reduces the gradients among that set's ranks only (the
+average is over the set's size); on ranks outside the set the gradients
+are not reduced and the update is a local one, as in Horovod.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +16,12 @@ import mxnet as mx
 
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
-from hora.common.arguments import check_process_set, check_root
-from hora.common.basics import Sum, size
+from hora.common.arguments import check_root
+from hora.common.basics import Sum
 from hora.common.compression import Compressor
 from hora.common.gradient_policy import GradientPolicy, gradient_policy
-from hora.mxnet._arrays import Memory, check_array
+from hora.common.process_sets import ProcessSet, global_process_set, set_size
+from hora.mxnet._arrays import Memory, check_array, set_object
 from hora.mxnet.compression import Compression
 from hora.mxnet.mpi_ops import broadcast_
 
@@ -28,43 +34,59 @@ def _policy(what: str, gradient_predivide_factor: float, num_groups: int,
                            num_groups_deprecated=False)
 
 
-def _sum_in_place(arrays, names, prescale, policy: GradientPolicy):
-    """Sums ``arrays`` over all ranks in place, in one submission (fused by
-    the engine), in the policy's groups (split as in every hora framework,
-    see :mod:`hora.common.gradient_policy`)."""
+def _sum_in_place(arrays, names, prescale, policy: GradientPolicy, process_set: ProcessSet):
+    """Sums ``arrays`` over the ranks of ``process_set`` in place, in one
+    submission (fused by the engine), in the policy's groups (split as in
+    every hora framework, see :mod:`hora.common.gradient_policy`)."""
     memories = [Memory(a, True) for a in arrays]
     handles = []
     for unit in policy.units(names):
         if policy.groups is None:
             handles.append(_ops.allreduce_async_(memories[unit[0]], names[unit[0]], Sum,
-                                                 prescale))
+                                                 prescale, process_set=process_set))
         else:
             handles.append(_ops.grouped_allreduce_async_([memories[i] for i in unit],
-                                                         f"{names[unit[0]]}.group", Sum, prescale))
+                                                         f"{names[unit[0]]}.group", Sum, prescale,
+                                                         process_set=process_set))
     wait_all(handles)
+
+
+def _reduces(process_set: ProcessSet) -> tuple[bool, int]:
+    """Whether this rank takes part in ``process_set``'s gradient
+    reductions, and the set's size: Horovod reduces nothing in a set of one
+    rank or on a rank outside the set."""
+    members = set_size(process_set)
+    inside = process_set is global_process_set or bool(process_set.included())
+    return inside and members > 1, members
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an ``mx.optimizer.Optimizer`` so that ``update`` and
     ``update_multi_precision`` first sum the gradient over all ranks; the
-    division by ``size()`` is folded into the wrapped optimizer's
+    division by ``size()`` (the set's) is folded into the wrapped optimizer's
     ``rescale_grad``, as Horovod does. ``gradient_predivide_factor`` divides
     before the sum (and multiplies back after); ``num_groups > 0`` reduces
     the gradients of one multi-index update as that many fused units (split
-    in order into contiguous blocks, as Horovod does). Every other attribute
-    is the wrapped optimizer's."""
+    in order into contiguous blocks, as Horovod does). ``process_set``
+    sums over that set's ranks and divides by its size (on every rank, as
+    Horovod does); ranks outside the set update with their own gradients.
+    Every other attribute is the wrapped optimizer's."""
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
-                 num_groups: int = 0, process_set: None = None) -> None:
-        check_process_set(process_set, "DistributedOptimizer")
+                 num_groups: int = 0, process_set: ProcessSet = global_process_set) -> None:
+        process_set = set_object(process_set, "DistributedOptimizer")
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
                             f"{type(optimizer).__name__}")
         policy = _policy("DistributedOptimizer", gradient_predivide_factor, num_groups)
+        reduces, members = _reduces(process_set)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_hora_policy", policy)
+        object.__setattr__(self, "_hora_process_set", process_set)
+        object.__setattr__(self, "_hora_reduces", reduces)
+        object.__setattr__(self, "_hora_members", members)
         # the core sums; the rest of the average is folded into rescale_grad
-        self._optimizer.rescale_grad *= policy.postscale / size()
+        self._optimizer.rescale_grad *= policy.postscale / members
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -81,22 +103,24 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _reduce(self, index, grad):
-        if size() == 1:
+        if not self._hora_reduces:
             return
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
         grads = list(grad) if isinstance(grad, (list, tuple)) else [grad]
         for g in grads:
             check_array(g, "DistributedOptimizer gradient")
         _sum_in_place(grads, [f"optimizer.grad.{i}" for i in indices], self._hora_policy.prescale,
-                      self._hora_policy)
+                      self._hora_policy, self._hora_process_set)
 
     def update(self, index, weight, grad, state):
-        """Sums ``grad`` over all ranks, then runs the wrapped update."""
+        """Sums ``grad`` over all ranks (of the process set), then runs the
+        wrapped update."""
         self._reduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
-        """Sums ``grad`` over all ranks, then runs the wrapped update."""
+        """Sums ``grad`` over all ranks (of the process set), then runs the
+        wrapped update."""
         self._reduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
@@ -118,30 +142,34 @@ class DistributedTrainer(mx.gluon.Trainer):
     sum; ``prefix`` is prepended to the names the gradients are matched by
     (needed when several trainers run in one job); ``num_groups > 0``
     reduces the gradients as that many fused units (split in order into
-    contiguous blocks, as Horovod does)."""
+    contiguous blocks, as Horovod does); ``process_set`` averages over that
+    set's ranks (ranks outside it step with their own gradients, still
+    divided by the set's size, as Horovod does)."""
 
     def __init__(self, params: Any, optimizer: str | mx.optimizer.Optimizer,
                  optimizer_params: dict[str, Any] | None = None,
                  compression: type[Compressor] = Compression.none,
                  gradient_predivide_factor: float = 1.0, prefix: str | None = None,
-                 num_groups: int = 0, process_set: None = None) -> None:
-        check_process_set(process_set, "DistributedTrainer")
+                 num_groups: int = 0, process_set: ProcessSet = global_process_set) -> None:
+        process_set = set_object(process_set, "DistributedTrainer")
         policy = _policy("DistributedTrainer", gradient_predivide_factor, num_groups, compression)
         if isinstance(optimizer, DistributedOptimizer):
             warnings.warn("DistributedTrainer reduces the gradients itself; the "
                           "DistributedOptimizer wrapper is removed", stacklevel=2)
             wrapper, optimizer = optimizer, optimizer._optimizer
             # undo the wrapper's division, which the trainer's scale would repeat
-            optimizer.rescale_grad *= size() / wrapper._hora_policy.postscale
+            optimizer.rescale_grad *= wrapper._hora_members / wrapper._hora_policy.postscale
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._hora_policy = policy
         self._hora_prefix = "" if prefix is None else str(prefix)
+        self._hora_process_set = process_set
+        self._hora_reduces, members = _reduces(process_set)
         # Trainer.step divides by batch_size through _scale; dividing by
-        # size() too turns the sum over ranks into the average
-        self._scale *= policy.postscale / size()
+        # the set's size too turns the sum over its ranks into the average
+        self._scale *= policy.postscale / members
 
     def _allreduce_grads(self):
-        if size() == 1:
+        if not self._hora_reduces:
             return
         grads, names, restore = [], [], []
         for i, param in enumerate(self._params):
@@ -156,25 +184,27 @@ class DistributedTrainer(mx.gluon.Trainer):
             names.append(f"{self._hora_prefix}trainer.grad.{i}")
             if wire is not grad:
                 restore.append((grad, wire, ctx))
-        _sum_in_place(grads, names, self._hora_policy.prescale, self._hora_policy)
+        _sum_in_place(grads, names, self._hora_policy.prescale, self._hora_policy,
+                      self._hora_process_set)
         for grad, wire, ctx in restore:
             grad[:] = self._hora_policy.compression.decompress(wire, ctx)
 
 
-def _broadcast_after_init(param, root_rank, name):
+def _broadcast_after_init(param, root_rank, name, process_set):
     """Makes a deferred-initialization parameter broadcast its value from
     ``root_rank`` right after MXNet initializes it."""
     original = param._init_impl
 
     def init_then_broadcast(self, *args, **kwargs):
         original(*args, **kwargs)
-        broadcast_(self.data(), root_rank, name=name)
+        broadcast_(self.data(), root_rank, name=name, process_set=process_set)
         self._init_impl = original  # only once
     param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
 def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArray],
-                         root_rank: int = 0, prefix: str | None = None) -> None:
+                         root_rank: int = 0, prefix: str | None = None,
+                         process_set: ProcessSet = global_process_set) -> None:
     """Sets every rank's parameters to ``root_rank``'s.
 
     ``params`` is a gluon ``ParameterDict`` (``net.collect_params()``) or a
@@ -182,7 +212,10 @@ def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArra
     Parameters whose initialization is deferred (shapes not known until the
     first forward pass) are broadcast right after they are initialized, so
     every rank must run that first pass. ``prefix`` is prepended to the
-    names the values are matched by."""
+    names the values are matched by. ``process_set`` (hora's addition; not
+    in Horovod's MXNet API) broadcasts among that set's ranks only, from
+    ``root_rank``, a global rank in the set."""
+    process_set = set_object(process_set, "broadcast_parameters")
     root_rank = check_root(root_rank, "broadcast_parameters")
     if prefix is not None and not isinstance(prefix, str):
         raise TypeError(f"broadcast_parameters: prefix must be a str, got "
@@ -194,7 +227,8 @@ def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArra
             try:
                 arrays.append((name, param.data()))
             except mx.gluon.parameter.DeferredInitializationError:
-                _broadcast_after_init(param, root_rank, f"{prefix}parameter.{name}")
+                _broadcast_after_init(param, root_rank, f"{prefix}parameter.{name}",
+                                      process_set)
     elif isinstance(params, dict):
         arrays = sorted(params.items(), key=lambda item: str(item[0]))
     else:
@@ -202,5 +236,6 @@ def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArra
                         f"NDArrays, got {type(params).__name__}")
     for name, array in arrays:
         check_array(array, f"broadcast_parameters '{name}'")
-    wait_all([_ops.broadcast_async_(Memory(array, True), root_rank, f"{prefix}parameter.{name}")
+    wait_all([_ops.broadcast_async_(Memory(array, True), root_rank, f"{prefix}parameter.{name}",
+                                    process_set=process_set)
               for name, array in arrays])
