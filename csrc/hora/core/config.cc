@@ -100,9 +100,9 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(
       ReadBool(Find(lookup, "HORA_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
                &result.gpu_hierarchical_allreduce));
-  HORA_RETURN_IF_ERROR(ReadBool(
-      Find(lookup, "HORA_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS"),
-      &result.dynamic_process_sets));
+  HORA_RETURN_IF_ERROR(
+      ReadBool(Find(lookup, "HORA_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS"),
+               &result.dynamic_process_sets));
   const Source kernels = Find(lookup, "HORA_CPU_KERNELS", nullptr);
   if (kernels.value != nullptr) {
     result.cpu_kernels = kernels.value;

@@ -51,8 +51,7 @@ class Controller {
   // rank (the engine's flags for process sets with work); every rank must
   // pass the same number of words.
   Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined, bool waiting,
-                  bool root_idle, CycleResult* result,
-                  std::vector<uint64_t>* or_words = nullptr);
+                  bool root_idle, CycleResult* result, std::vector<uint64_t>* or_words = nullptr);
   // Requests that still have to reach the coordinator (e.g. moved off an
   // evicted cache entry): the engine must ask for another cycle.
   bool HasUnsentRequests() const { return !uncached_.empty(); }

@@ -82,8 +82,9 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   engine->executor_.SetRouter(std::move(router));
   engine->allreduce_settings_ = settings;
   Engine* self = engine.get();
-  engine->executor_.SetProcessSetHandler(
-      [self](const Response& response, Work* work) { return self->ChangeProcessSets(response, work); });
+  engine->executor_.SetProcessSetHandler([self](const Response& response, Work* work) {
+    return self->ChangeProcessSets(response, work);
+  });
   if (engine->comm_->rank() == 0) {
     HORA_LOG(kDebug) << "engine started on " << engine->comm_->size() << " ranks over "
                      << engine->comm_->Describe() << "; " << config.Describe() << "; "
@@ -124,8 +125,8 @@ Engine::~Engine() { Shutdown(); }
 namespace {
 
 Status NotAMember(int32_t id, const std::vector<int>& ranks, int rank) {
-  return Status::InvalidArgument("this process (rank " + std::to_string(rank) +
-                                 ") is not in " + DescribeProcessSet(id, ranks) +
+  return Status::InvalidArgument("this process (rank " + std::to_string(rank) + ") is not in " +
+                                 DescribeProcessSet(id, ranks) +
                                  "; only its members may call collectives on it");
 }
 
@@ -173,9 +174,12 @@ Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(sets_mutex_);
     auto it = member_sets_.find(set);
-    if (it != member_sets_.end()) target = it->second;
-    else if (set_ranks_.count(set)) return NotAMember(set, set_ranks_.at(set), comm_->rank());
-    else return UnknownSet(set);
+    if (it != member_sets_.end())
+      target = it->second;
+    else if (set_ranks_.count(set))
+      return NotAMember(set, set_ranks_.at(set), comm_->rank());
+    else
+      return UnknownSet(set);
   }
   return target->queue().Add(std::move(entries));
 }
@@ -193,8 +197,8 @@ Status Engine::SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload
   entry.request.kind = kind;
   // Every rank calls add/remove in the same order: the n-th change has the
   // same name everywhere, and the coordinator compares what each rank asked.
-  entry.request.name = std::string(CollectiveKindName(kind)) + "#" +
-                       std::to_string(set_changes_.fetch_add(1) + 1);
+  entry.request.name =
+      std::string(CollectiveKindName(kind)) + "#" + std::to_string(set_changes_.fetch_add(1) + 1);
   entry.request.dtype = DataType::kInt64;
   entry.request.shape = std::move(payload);
   entry.input.dtype = DataType::kInt64;
@@ -262,9 +266,9 @@ Status Engine::ChangeProcessSets(const Response& response, Work* work) {
       if (item.second == ranks) existing = item.first;
     }
     if (existing >= 0) {
-      work->Complete(Status::InvalidArgument(
-          "add_process_set: " + DescribeProcessSet(existing, ranks) +
-          " has the same ranks; a set may exist only once"));
+      work->Complete(
+          Status::InvalidArgument("add_process_set: " + DescribeProcessSet(existing, ranks) +
+                                  " has the same ranks; a set may exist only once"));
       return Status::OK();
     }
   }
@@ -326,8 +330,8 @@ Status Engine::RunProcessSetCycles(const std::vector<uint64_t>& flags, bool wait
     set.queue().TakeNewRequests(&requests);
     CycleResult result;
     set.comm()->SetBlockingCollectives(hot_);
-    HORA_RETURN_IF_ERROR(set.controller().RunCycle(std::move(requests), false, false, waiting,
-                                                   true, &result));
+    HORA_RETURN_IF_ERROR(
+        set.controller().RunCycle(std::move(requests), false, false, waiting, true, &result));
     set.comm()->SetBlockingCollectives(result.waiting);
     HORA_RETURN_IF_ERROR(set.executor().Run(result.responses, std::chrono::steady_clock::now()));
     if (!result.abort.ok()) {

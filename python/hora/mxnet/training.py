@@ -51,13 +51,18 @@ def _sum_in_place(arrays, names, prescale, policy: GradientPolicy, process_set: 
     wait_all(handles)
 
 
-def _reduces(process_set: ProcessSet) -> tuple[bool, int]:
+def _reduces(process_set: ProcessSet, policy: GradientPolicy) -> tuple[bool, float, float]:
     """Whether this rank takes part in ``process_set``'s gradient
-    reductions, and the set's size: Horovod reduces nothing in a set of one
-    rank or on a rank outside the set."""
+    reductions (Horovod reduces nothing in a set of one rank or on a rank
+    outside the set), and the factor folded into the gradients' scale, as
+    the numerator and denominator it is made of: the postscale over the
+    set's size when reducing. Without a reduction the prescale is not
+    applied, so neither is the postscale that undoes it (Horovod multiplies
+    such gradients by ``gradient_predivide_factor``)."""
     members = set_size(process_set)
     inside = process_set is global_process_set or bool(process_set.included())
-    return inside and members > 1, members
+    reduces = inside and members > 1
+    return reduces, policy.postscale if reduces else 1.0, float(members)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
@@ -79,14 +84,14 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps an mx.optimizer.Optimizer, got "
                             f"{type(optimizer).__name__}")
         policy = _policy("DistributedOptimizer", gradient_predivide_factor, num_groups)
-        reduces, members = _reduces(process_set)
+        reduces, post, members = _reduces(process_set, policy)
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_hora_policy", policy)
         object.__setattr__(self, "_hora_process_set", process_set)
         object.__setattr__(self, "_hora_reduces", reduces)
-        object.__setattr__(self, "_hora_members", members)
+        object.__setattr__(self, "_hora_folded", (post, members))
         # the core sums; the rest of the average is folded into rescale_grad
-        self._optimizer.rescale_grad *= policy.postscale / members
+        self._optimizer.rescale_grad *= post / members
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -158,15 +163,16 @@ class DistributedTrainer(mx.gluon.Trainer):
                           "DistributedOptimizer wrapper is removed", stacklevel=2)
             wrapper, optimizer = optimizer, optimizer._optimizer
             # undo the wrapper's division, which the trainer's scale would repeat
-            optimizer.rescale_grad *= wrapper._hora_members / wrapper._hora_policy.postscale
+            post, members = wrapper._hora_folded
+            optimizer.rescale_grad *= members / post
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._hora_policy = policy
         self._hora_prefix = "" if prefix is None else str(prefix)
         self._hora_process_set = process_set
-        self._hora_reduces, members = _reduces(process_set)
+        self._hora_reduces, post, members = _reduces(process_set, policy)
         # Trainer.step divides by batch_size through _scale; dividing by
         # the set's size too turns the sum over its ranks into the average
-        self._scale *= policy.postscale / members
+        self._scale *= post / members
 
     def _allreduce_grads(self):
         if not self._hora_reduces:
