@@ -185,7 +185,9 @@ def batch(tag, r, step):
 
 
 def weights(net):
-    return [p.data().asnumpy() for _, p in sorted(net.collect_params().items())]
+    # in creation order: MXNet's automatic names depend on how many blocks
+    # were made before, so sorting by name may pair different layers
+    return [p.data().asnumpy() for p in net.collect_params().values()]
 
 
 def train(net, step_with, tag, ranks_of_data):
