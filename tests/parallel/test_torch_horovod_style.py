@@ -347,13 +347,22 @@ def test_imagenet_script_accumulation_metrics_and_resume(rank, size):
     assert_on_every_rank(difference <= 1e-5, f"after resuming, off by {difference:.2e}")
 
 
-def test_adasum_is_refused_with_a_clear_error():
-    """--use-adasum in the scripts passes op=hvd.Adasum, which hora does not
-    implement: it must say so instead of averaging silently."""
+def test_use_adasum_gives_the_delta_optimizer(rank, size):
+    """--use-adasum in the scripts passes op=hvd.Adasum: on a power-of-two
+    number of ranks that is Horovod's delta optimizer (the steps, not the
+    gradients, are combined), otherwise a clear error instead of silently
+    averaging."""
     model = Net()
-    with pytest.raises(ValueError, match="Adasum"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 named_parameters=model.named_parameters(), op=hvd.Adasum)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    if size & (size - 1):
+        with pytest.raises(ValueError, match="Adasum needs a number of ranks that is a power"):
+            hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                     op=hvd.Adasum)
+        return
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                   op=hvd.Adasum)
+    assert isinstance(opt, torch.optim.SGD)
+    assert type(opt).__name__ == "SGD"
 
 
 def test_num_groups_positional_as_in_horovods_signature(rank, size):

@@ -214,7 +214,7 @@ def test_distributed_optimizer_argument_errors():
         hvd.DistributedOptimizer(object())
     with pytest.raises(ValueError, match="backward_passes_per_step must be at least 1"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=0)
-    with pytest.raises(ValueError, match="op must be Average or Sum"):
+    with pytest.raises(ValueError, match="op must be Average, Sum or Adasum"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max)
     with pytest.raises(ValueError, match="already accumulates over 3"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(gradient_accumulation_steps=3),

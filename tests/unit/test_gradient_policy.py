@@ -69,10 +69,10 @@ def test_num_groups_is_deprecated_and_groups_wins_as_in_horovod():
 
 # The mistakes and the words every framework uses for them, after "<call>: ".
 MISTAKES = {
-    "adasum": (dict(op=Adasum), "op=Adasum is not available for gradients in this version of "
-                                "hora (hvd.allreduce(op=hvd.Adasum) is); use op=Average or "
-                                "op=Sum"),
-    "max": (dict(op=Max), "op must be Average or Sum, got Max"),
+    "adasum_predivide": (dict(op=Adasum, gradient_predivide_factor=2.0),
+                         "gradient_predivide_factor is only supported with op=Average, "
+                         "got op=Adasum"),
+    "max": (dict(op=Max), "op must be Average, Sum or Adasum, got Max"),
     "predivide_with_sum": (dict(op=Sum, gradient_predivide_factor=2.0),
                            "gradient_predivide_factor is only supported with op=Average, "
                            "got op=Sum"),

@@ -32,14 +32,11 @@ Groups = Union[None, int, Sequence[Sequence[Any]]]
 
 
 def check_gradient_op(op: ReduceOp | int, what: str) -> ReduceOp:
-    """``op`` as a ReduceOp when gradients can be combined with it: Average
-    or Sum. ``ValueError`` otherwise (Adasum with a word of its own)."""
+    """``op`` as a ReduceOp when gradients can be combined with it: Average,
+    Sum or Adasum. ``ValueError`` otherwise."""
     op = check_op(op)
-    if op == Adasum:
-        raise ValueError(f"{what}: op=Adasum is not available for gradients in this version of "
-                         f"hora (hvd.allreduce(op=hvd.Adasum) is); use op=Average or op=Sum")
-    if op not in (Average, Sum):
-        raise ValueError(f"{what}: op must be Average or Sum, got {op.name}")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"{what}: op must be Average, Sum or Adasum, got {op.name}")
     return op
 
 

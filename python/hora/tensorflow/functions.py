@@ -10,9 +10,9 @@ from hora.common.process_sets import ProcessSet, global_process_set
 
 
 def _object_set(process_set: ProcessSet | None, what: str) -> ProcessSet:
-    from hora.tensorflow.mpi_ops import checked_set
+    from hora.tensorflow.mpi_ops import _checked_set
 
-    return checked_set(process_set, what)
+    return _checked_set(process_set, what)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,

@@ -42,18 +42,13 @@ from hora.common.basics import (
     Adasum, Average, ReduceOp, Sum, is_initialized, local_rank, local_size, rank, size)
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraInvalidArgumentError, HoraTypeError
-from hora.common.process_sets import (
+# add_process_set and remove_process_set are here too, as in Horovod's mpi_ops
+from hora.common.process_sets import (  # noqa: F401
     ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set,
     set_rank, set_size)
 from hora.tensorflow._bridge import (
     as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run)
 from hora.tensorflow.compression import Compression
-
-__all__ = [
-    "ProcessSet", "add_process_set", "allgather", "allreduce", "alltoall", "barrier", "broadcast",
-    "broadcast_", "broadcast_variables", "global_process_set", "grouped_allgather",
-    "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
-    "process_set_included_op", "rank_op", "reducescatter", "remove_process_set", "size_op"]
 
 # a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
 TensorLike = Any
@@ -70,7 +65,7 @@ def _describe_set(process_set):
             f"(rank{'' if len(ranks) == 1 else 's'} {listed})")
 
 
-def checked_set(process_set, what):
+def _checked_set(process_set, what):
     """``process_set`` (a registered :class:`hora.ProcessSet`; None is the
     global set) for a collective called ``what``. Building a graph, a
     process outside the set is refused here, when the function is traced
@@ -164,7 +159,7 @@ def allreduce(tensor: TensorLike, average: bool | None = None, device_dense: str
     Horovod compatibility and ignored. Raises ``TypeError`` for an
     unsupported dtype or process set, ``ValueError`` for a bad op or an
     unregistered process set."""
-    ps = checked_set(process_set, "allreduce")
+    ps = _checked_set(process_set, "allreduce")
     op = resolve_op(average, op, "allreduce")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
     ident = ps.process_set_id
@@ -188,7 +183,7 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
                       name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """Allreduce of a list of tensors negotiated and fused as one unit;
     returns a list. Same arguments and errors as :func:`allreduce`."""
-    ps = checked_set(process_set, "grouped_allreduce")
+    ps = _checked_set(process_set, "grouped_allreduce")
     op = resolve_op(average, op, "grouped_allreduce")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
     tensors = list(tensors)
@@ -273,7 +268,7 @@ def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bo
     order (the ranks of ``process_set``); the first dimension may differ
     between ranks, the others must not. Differentiable: the gradient is this
     rank's rows of the gradient averaged over the ranks, as in Horovod."""
-    ps = checked_set(process_set, "allgather")
+    ps = _checked_set(process_set, "allgather")
     tensor = check_tensor(tensor, "allgather")
     _check_gatherable(tensor, "allgather")
     name = collective_name(name, "Allgather", tensor, ps.process_set_id)
@@ -284,7 +279,7 @@ def grouped_allgather(tensors: Iterable[TensorLike], name: str | None = None,
                       ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """:func:`allgather` of each tensor of a list, submitted together; returns a list."""
-    ps = checked_set(process_set, "grouped_allgather")
+    ps = _checked_set(process_set, "grouped_allgather")
     tensors = check_tensors(tensors, "grouped_allgather")
     if not tensors:
         return []
@@ -319,7 +314,7 @@ def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
     ``root_rank`` is a global rank, which must be in the set).
     Differentiable: the root gets the average of every rank's gradient, the
     others zero, as in Horovod."""
-    ps = checked_set(process_set, "broadcast")
+    ps = _checked_set(process_set, "broadcast")
     root_rank = check_root(root_rank, "broadcast")
     _check_root_in_set(root_rank, ps, "broadcast")
     tensor = check_tensor(tensor, "broadcast")
@@ -350,7 +345,7 @@ def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
 
 
 def _broadcast_variables(variables, root_rank, name, process_set, what):
-    ps = checked_set(process_set, what)
+    ps = _checked_set(process_set, what)
     root_rank = check_root(root_rank, what)
     _check_root_in_set(root_rank, ps, what)
     variables = list(variables)
@@ -404,7 +399,7 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
     not divide). With ``process_set``, ``r`` counts the set's members in
     rank order (``splits`` has one entry per member). Differentiable in
     ``tensor``."""
-    ps = checked_set(process_set, "alltoall")
+    ps = _checked_set(process_set, "alltoall")
     tensor = check_tensor(tensor, "alltoall")
     _check_gatherable(tensor, "alltoall")
     given = splits is not None
@@ -464,7 +459,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "",
     ``device_dense`` and ``ignore_name_scope`` are accepted for Horovod
     compatibility. Differentiable for Sum and Average, with Horovod's
     gradient (the allgather of the gradient, times ``n`` for Sum)."""
-    ps = checked_set(process_set, "reducescatter")
+    ps = _checked_set(process_set, "reducescatter")
     op = resolve_op(None, op, "reducescatter")
     tensor = check_tensor(tensor, "reducescatter")
     _check_gatherable(tensor, "reducescatter")
@@ -483,7 +478,7 @@ def grouped_reducescatter(tensors: Iterable[TensorLike], device_dense: str = "",
                           name: str | None = None) -> list[tf.Tensor]:
     """:func:`reducescatter` of each tensor of a list, submitted together
     (Horovod's arguments; ``name``, not in Horovod's, names the collectives)."""
-    ps = checked_set(process_set, "grouped_reducescatter")
+    ps = _checked_set(process_set, "grouped_reducescatter")
     op = resolve_op(None, op, "grouped_reducescatter")
     tensors = check_tensors(tensors, "grouped_reducescatter")
     if not tensors:
@@ -516,7 +511,7 @@ def join() -> tf.Tensor:
 def barrier(process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Returns once every rank (of ``process_set``) has reached the barrier
     (an int32 zero tensor)."""
-    ps = checked_set(process_set, "barrier")
+    ps = _checked_set(process_set, "barrier")
 
     def wait():
         _ops.barrier(process_set=ps)

@@ -25,7 +25,8 @@ from hora.common._adapter.submission import (
     KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
 from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
     check_op, check_root, check_splits, resolve_op)
-from hora.common.basics import Average, Max, Min, ReduceOp, Sum  # noqa: F401 (re-exported)
+from hora.common.basics import (  # noqa: F401 (re-exported)
+    Adasum, Average, Max, Min, ReduceOp, Sum)
 from hora.common.exceptions import HoraTypeError
 from hora.common.process_sets import (  # noqa: F401 (used by the other torch modules)
     ProcessSet, global_process_set, process_set_id, set_rank, set_size)
@@ -111,6 +112,7 @@ def as_input(tensor):
 
 _gpu_built = None
 _staging_warned = False
+_adasum_staging_warned = False
 
 
 def _core_has_gpu() -> bool:
@@ -141,8 +143,15 @@ class _StagedWork:
 
 def _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale, splits,
                    grouped, process_set):
-    global _staging_warned
-    if not _staging_warned:
+    global _staging_warned, _adasum_staging_warned
+    if _core_has_gpu():  # only Adasum comes here in a GPU build
+        if not _adasum_staging_warned:
+            _adasum_staging_warned = True
+            warnings.warn(
+                "hora.torch: op=Adasum has no GPU implementation in hora; CUDA tensors are "
+                "copied to host memory, combined there and copied back", RuntimeWarning,
+                stacklevel=4)
+    elif not _staging_warned:
         _staging_warned = True
         warnings.warn(
             "hora.torch: this build of hora has no GPU support, so CUDA tensors are copied "
@@ -173,7 +182,8 @@ def submit(kind: int, names: Iterable[str], inputs: Iterable[torch.Tensor],
     """Hands tensors to the core. CUDA tensors go to NCCL ordered after the
     work queued on torch's current stream (and later work on that stream
     sees the results); without GPU support in the build they are staged
-    through host memory. ``process_set`` is the set's id (0: every rank);
+    through host memory, as are allreduces with op=Adasum, which has no GPU
+    implementation. ``process_set`` is the set's id (0: every rank);
     ``root`` stays a global rank."""
     names, inputs = list(names), list(inputs)
     outputs = None if outputs is None else list(outputs)
@@ -183,7 +193,7 @@ def submit(kind: int, names: Iterable[str], inputs: Iterable[torch.Tensor],
         if not all(on_gpu):
             raise ValueError(f"{names[0]}: a grouped collective takes tensors on one kind of "
                              f"device; these mix CPU and CUDA tensors")
-        if not _core_has_gpu():
+        if not _core_has_gpu() or (kind == KIND_ALLREDUCE and int(op) == int(Adasum)):
             return _submit_staged(kind, names, inputs, outputs, op, root, prescale, postscale,
                                   splits, grouped, process_set)
         stream = torch.cuda.current_stream(inputs[0].device).cuda_stream

@@ -66,8 +66,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     / :func:`synchronize`; ``synchronize`` returns a new tensor with the
     reduction. ``op`` defaults to Average (``average`` is the deprecated
     spelling: True means Average, False Sum). Raises ``ValueError`` for a
-    tensor on a device other than CPU or CUDA, an unknown op, Adasum on a CUDA
-    tensor, a process set this rank is not in, ``TypeError`` for an
+    tensor on a device other than CPU or CUDA, an unknown op, a process set
+    this rank is not in, ``TypeError`` for an
     unsupported dtype. Not differentiable."""
     ident = set_id(process_set, "allreduce_async")
     op = resolve_op(average, op, "allreduce_async")

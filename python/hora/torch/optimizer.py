@@ -25,13 +25,15 @@ from typing import Any
 import torch
 
 from hora.common._adapter.handles import wait_all
-from hora.common.basics import ReduceOp
+from hora.common.basics import Adasum, ReduceOp
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraUsageError
 from hora.common.gradient_policy import (
     GradientPolicy, check_backward_passes, gradient_policy, group_units)
 from hora.torch import mpi_ops
-from hora.torch._collectives import ProcessSet, global_process_set, set_id, set_object
+from hora.torch._collectives import (
+    ProcessSet, global_process_set, set_id, set_object, set_size)
+from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 
 _UNNAMED = "allreduce.noname"
@@ -346,7 +348,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             gradients are summed, as autograd does) before the reduction;
             default 1. Scale the loss by ``1 / backward_passes_per_step`` to
             average them instead.
-        op: ``Average`` (default) or ``Sum``.
+        op: ``Average`` (default), ``Sum`` or ``Adasum``. With Adasum (on
+            more than one rank of the set) each rank's optimizer steps on its
+            own gradients and the steps are combined with Adasum, as in
+            Horovod (see :mod:`hora.torch.adasum_optimizer`); the number of
+            ranks must be a power of two.
         gradient_predivide_factor: with Average, gradients are divided by
             this factor before the sum and by ``size() / factor`` after it
             (the process set's size with ``process_set``; default 1.0).
@@ -373,7 +379,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     with zeros there, so no rank hangs. Raises ``TypeError`` when
     ``optimizer`` is not a torch optimizer, ``ValueError`` for duplicate,
     malformed or missing ``named_parameters`` entries, an op other than
-    Average/Sum (Adasum is not supported), ``gradient_predivide_factor`` not
+    Average, Sum or Adasum (or Adasum on a number of ranks that is not a power of
+    two), ``gradient_predivide_factor`` not
     1.0 with Sum or not positive, bad ``groups`` or
     ``backward_passes_per_step``, an optimizer that is already wrapped, or a
     process set that is not registered (``TypeError`` for something that is
@@ -385,7 +392,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer)):
         raise ValueError("this optimizer is already a hora DistributedOptimizer")
     policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
                              compression, stacklevel=2)
@@ -407,6 +414,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     units, unit_names = _split_units(params, policy.groups, what)
 
     base = type(optimizer)
+    member = process_set is global_process_set or bool(process_set.included())
+    if policy.op == Adasum and member and set_size(process_set) > 1:
+        return _adasum_optimizer(optimizer, base, names, policy, passes, process_set)
     cls = _CLASSES.get(base)
     if cls is None:
         cls = type(base.__name__, (_DistributedOptimizer, base),
@@ -418,6 +428,31 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.process_set = process_set  # Horovod's attribute
     wrapped._hora_setup({p: f"allreduce.{name}" for p, name in names.items()}, units,
                         unit_names, policy, passes, sparse_as_dense, process_set)
+    return wrapped
+
+
+_ADASUM_CLASSES: dict[type, type] = {}
+
+
+def _adasum_optimizer(optimizer, base, names, policy, passes, process_set):
+    """Horovod's delta optimizer (see :mod:`hora.torch.adasum_optimizer`)."""
+    size = set_size(process_set)
+    if size & (size - 1):
+        raise ValueError(f"DistributedOptimizer: op=Adasum needs a number of ranks that is a "
+                         f"power of two, got {size} ranks")
+    if any(p.grad is not None and p.grad.is_sparse for p in names):
+        raise ValueError("DistributedOptimizer: op=Adasum does not take sparse gradients")
+    cls = _ADASUM_CLASSES.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedAdasumOptimizer, base),
+                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
+        _ADASUM_CLASSES[base] = cls
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._parameter_names = names
+    wrapped.process_set = process_set
+    wrapped._hora_adasum_setup(base, {p: f"adasum.{name}" for p, name in names.items()},
+                               policy.compression, passes, process_set)
     return wrapped
 
 
