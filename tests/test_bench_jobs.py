@@ -73,6 +73,19 @@ def test_fusion_latency_and_idle_report_every_implementation(tmp_path):
     assert all(r["idle_cpu_percent"] >= 0 for r in idle["rows"]), output
 
 
+def test_sweep_and_latency_inside_process_sets(tmp_path):
+    sweep, output = run_bench(3, ["allreduce", "--max-bytes", "65536", "--process-set", "1,2",
+                                  "--compare", "mpi"], tmp_path)
+    assert sweep["ranks"] == 2, output  # measured among the set's two ranks
+    assert {r["impl"] for r in sweep["rows"]} == {"hora", "mpi"}
+    assert all(r["wrong"] == 0 and r["ranks"] == 2 for r in sweep["rows"]), output
+    latency, output = run_bench(3, ["latency", "--iterations", "60", "--idle-set", "0,1",
+                                    "--compare", "mpi"], tmp_path)
+    assert [r["impl"] for r in latency["rows"]] == ["hora", "mpi", "no set", "idle set"], output
+    for row in latency["rows"]:
+        assert 0 < row["p50_us"] <= row["p99_us"]
+
+
 class FakeImpl:
     def __init__(self, name, background, log):
         self.name, self.background, self.log = name, background, log
