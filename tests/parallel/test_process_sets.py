@@ -330,3 +330,22 @@ def test_timeline_rows_name_the_set(tmp_path, rank, size, sets):
     assert "ps.tl" in rows
     if evens is not hora.global_process_set:  # rank 0 is in the evens
         assert f"ps.tl [process set {evens.process_set_id}]" in rows, rows
+
+
+def test_mismatch_inside_a_set_names_job_ranks(rank, size):
+    if size < 3:
+        pytest.skip("needs a set that does not start at rank 0")
+    pair = hora.add_process_set([1, 2])
+    try:
+        if rank in pair.ranks:
+            with pytest.raises(hora.HoraMismatchError) as error:
+                hora.allreduce(np.zeros(rank + 1), name="ps.mismatch", process_set=pair)
+            message = str(error.value)
+            assert f"in process set {pair.process_set_id} (ranks 1, 2)" in message, message
+            assert "rank 1 sent [2]" in message and "rank 2 sent [3]" in message, message
+            # the set is still usable
+            got = hora.allreduce(np.ones(1), name="ps.after", op=hora.Sum, process_set=pair)
+            assert got[0] == 2
+    finally:
+        hora.barrier()
+        hora.remove_process_set(pair)

@@ -58,6 +58,12 @@ class Controller {
   // Rank 0: milliseconds until the stall inspector needs a cycle (-1: not
   // while nothing is pending); a cycle run then lets it look.
   int MsUntilStallCheck() const;
+  // A process set's controller: errors and stall reports name ranks[r] for
+  // the set's rank r, and say which set (`where`).
+  void SetRankNames(const std::vector<int>& ranks, const std::string& where) {
+    if (coordinator_) coordinator_->SetRankNames(ranks, where);
+    if (stalls_) stalls_->SetRankNames(ranks);
+  }
   // Off: every request goes through the coordinator (autotuning compares).
   void SetCacheEnabled(bool enabled);
   // Rank 0: send these settings to every rank with the next cycle.

@@ -15,9 +15,16 @@ std::string FormatScale(double value) {
   return s.str();
 }
 
+// The rank messages name: the job's rank of a process set's rank (`names`
+// empty: the same number).
+int NameOf(const std::vector<int>& names, int rank) {
+  return names.empty() || rank < 0 || rank >= static_cast<int>(names.size()) ? rank : names[rank];
+}
+
 // "ranks 0, 2 sent [2, 3]; rank 1 sent [4]": every distinct value with the
 // ranks that sent it, so the user sees both sides of a disagreement.
-std::string DescribeValues(const std::vector<std::pair<int, std::string>>& values) {
+std::string DescribeValues(const std::vector<std::pair<int, std::string>>& values,
+                           const std::vector<int>& names) {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (const auto& item : values) {
     bool found = false;
@@ -35,7 +42,7 @@ std::string DescribeValues(const std::vector<std::pair<int, std::string>>& value
     if (i) s << "; ";
     s << (groups[i].second.size() > 1 ? "ranks " : "rank ");
     for (size_t j = 0; j < groups[i].second.size(); ++j) {
-      s << (j ? ", " : "") << groups[i].second[j];
+      s << (j ? ", " : "") << NameOf(names, groups[i].second[j]);
     }
     s << " sent " << groups[i].first;
   }
@@ -44,12 +51,14 @@ std::string DescribeValues(const std::vector<std::pair<int, std::string>>& value
 
 // ", submitted at: rank 0 train.py:42 in step; rank 1 ..." when the ranks
 // recorded where they submitted (debug log level), else "".
-std::string CallSites(const std::vector<Request>& by_rank, const std::vector<bool>& have) {
+std::string CallSites(const std::vector<Request>& by_rank, const std::vector<bool>& have,
+                      const std::vector<int>& names) {
   std::ostringstream s;
   bool any = false;
   for (size_t r = 0; r < by_rank.size(); ++r) {
     if (!have[r] || by_rank[r].site.empty()) continue;
-    s << (any ? "; " : "\n  submitted at: ") << "rank " << r << " " << by_rank[r].site;
+    s << (any ? "; " : "\n  submitted at: ") << "rank " << NameOf(names, static_cast<int>(r)) << " "
+      << by_rank[r].site;
     any = true;
   }
   return s.str();
@@ -158,7 +167,7 @@ std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
       if (value.second != item.second.front().second) {
         failed_groups[item.first] = "Mismatched number of tensors in grouped collective '" +
                                     item.first.substr(item.first.find(':') + 1) +
-                                    "': " + DescribeValues(item.second);
+                                    "': " + DescribeValues(item.second, names_);
         break;
       }
     }
@@ -188,7 +197,7 @@ std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
       error.name = name;
       error.kind = first.kind;
       error.error_code = StatusCode::kMismatch;
-      error.error = failed->second + CallSites(p.by_rank, p.have);
+      error.error = failed->second + CallSites(p.by_rank, p.have, names_);
       ready.push_back(std::move(error));
     } else if (!first.group.empty() && complete_members[first.group] < first.group_size) {
       continue;
@@ -240,7 +249,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
     if (!differ) return;
     response.error_code = StatusCode::kMismatch;
     response.error = std::string("Mismatched ") + what + " for " + CollectiveKindName(first.kind) +
-                     " '" + name + "': " + DescribeValues(values);
+                     " '" + name + "'" + where_ + ": " + DescribeValues(values, names_);
   };
 
   check("collective kind",
@@ -254,7 +263,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
     check("postscale factor", [](const Request& r) { return FormatScale(r.postscale); });
   }
   if (kind == CollectiveKind::kBroadcast) {
-    check("root rank", [](const Request& r) { return std::to_string(r.root); });
+    check("root rank", [this](const Request& r) { return std::to_string(NameOf(names_, r.root)); });
   }
   if (kind == CollectiveKind::kAllgather || kind == CollectiveKind::kAlltoall) {
     check("shape (all dimensions after the first)", [](const Request& r) {
@@ -281,7 +290,9 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
       std::ostringstream m;
       m << CollectiveKindName(kind) << " '" << name << "' cannot run while rank"
         << (joined_ranks.size() > 1 ? "s " : " ");
-      for (size_t i = 0; i < joined_ranks.size(); ++i) m << (i ? ", " : "") << joined_ranks[i];
+      for (size_t i = 0; i < joined_ranks.size(); ++i) {
+        m << (i ? ", " : "") << NameOf(names_, joined_ranks[i]);
+      }
       m << (joined_ranks.size() > 1 ? " have" : " has")
         << " called join(); only allreduce accepts joined ranks";
       response.error_code = StatusCode::kMismatch;
@@ -289,7 +300,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
     }
   }
   if (response.is_error()) {
-    response.error += CallSites(p.by_rank, p.have);
+    response.error += CallSites(p.by_rank, p.have, names_);
     return response;
   }
 

@@ -49,6 +49,12 @@ class Coordinator {
   bool HasPending() const { return !table_.empty(); }
   // The last tensor each rank was seen to submit ("" if none yet).
   const std::string& LastSubmitted(int rank) const { return last_submitted_[rank]; }
+  // A process set's coordinator: messages name ranks[r] for its rank r and
+  // say which set (`where`, e.g. " in process set 2").
+  void SetRankNames(std::vector<int> ranks, std::string where) {
+    names_ = std::move(ranks);
+    where_ = std::move(where);
+  }
 
  private:
   struct Pending {
@@ -67,6 +73,8 @@ class Coordinator {
   std::unordered_map<std::string, Pending> table_;
   std::map<int64_t, std::string> arrival_;
   std::vector<std::string> last_submitted_;
+  std::vector<int> names_;  // empty: ranks are the job's
+  std::string where_;
   std::unordered_map<std::string, Clock::time_point> backdated_;
 };
 

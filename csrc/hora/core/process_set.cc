@@ -37,7 +37,9 @@ ProcessSet::ProcessSet(int32_t id, std::vector<int> ranks, std::unique_ptr<Commu
       timeline_(timeline, " [process set " + std::to_string(id) + "]"),
       queue_(std::move(on_new_work)),
       controller_(comm_.get(), config, &timeline_),
-      executor_(comm_.get(), &queue_, config, &timeline_) {}
+      executor_(comm_.get(), &queue_, config, &timeline_) {
+  controller_.SetRankNames(ranks_, " in " + DescribeProcessSet(id_, ranks_));
+}
 
 Status ProcessSet::StartRouter(const AllreduceSettings& settings) {
   std::unique_ptr<AllreduceRouter> router;

@@ -14,7 +14,10 @@ StallInspector::Clock::duration FromSeconds(double seconds) {
   return std::chrono::duration_cast<StallInspector::Clock::duration>(Seconds(seconds));
 }
 
-std::string Ranks(const std::vector<int>& ranks) {
+std::string Ranks(std::vector<int> ranks, const std::vector<int>& names) {
+  if (!names.empty()) {
+    for (int& r : ranks) r = r >= 0 && r < static_cast<int>(names.size()) ? names[r] : r;
+  }
   std::ostringstream s;
   s << (ranks.size() == 1 ? "rank " : "ranks ");
   const size_t shown = std::min<size_t>(ranks.size(), 16);
@@ -91,12 +94,15 @@ std::string StallInspector::Describe(const std::vector<Coordinator::Stall>& stal
   for (size_t i = 0; i < shown; ++i) {
     const Coordinator::Stall& stall = stalls[i];
     s << "\n  " << CollectiveKindName(stall.kind) << " '" << stall.name << "' waited "
-      << Round(stall.seconds) << ": submitted by " << Ranks(stall.have) << ", not by "
-      << Ranks(stall.missing) << " (last submitted: ";
+      << Round(stall.seconds) << ": submitted by " << Ranks(stall.have, names_) << ", not by "
+      << Ranks(stall.missing, names_) << " (last submitted: ";
     for (size_t j = 0; j < stall.missing.size() && j < 4; ++j) {
       const std::string& last = coordinator.LastSubmitted(stall.missing[j]);
-      s << (j ? ", " : "") << "rank " << stall.missing[j] << " '"
-        << (last.empty() ? "nothing yet" : last) << "'";
+      const int missing = stall.missing[j];
+      s << (j ? ", " : "") << "rank "
+        << (names_.empty() || missing >= static_cast<int>(names_.size()) ? missing
+                                                                         : names_[missing])
+        << " '" << (last.empty() ? "nothing yet" : last) << "'";
     }
     if (stall.missing.size() > 4) s << ", ...";
     s << ")";

@@ -27,6 +27,8 @@ class StallInspector {
 
   explicit StallInspector(const Config& config);
 
+  // A process set's inspector: reports name ranks[r] for its rank r.
+  void SetRankNames(std::vector<int> ranks) { names_ = std::move(ranks); }
   bool enabled() const { return enabled_; }
   // The cache slots that some ranks, but not all, were ready for this cycle.
   void ObservePartial(const std::vector<int64_t>& slots, Clock::time_point now);
@@ -56,6 +58,7 @@ class StallInspector {
   Clock::time_point next_check_{};
   Clock::time_point last_warning_{};
   bool warned_ = false;
+  std::vector<int> names_;  // empty: ranks are the job's
 };
 
 }  // namespace hora
