@@ -82,3 +82,26 @@ def test_shutdown_time_fails_every_rank(stall_settings, rank, size):
     # The job is stopped on every rank: later calls fail at once, naming why.
     with pytest.raises(hora.HoraError, match="stall"):
         hora.allreduce(x, name="stall.after", op=hora.Sum)
+
+
+def test_stall_inside_a_process_set_names_job_ranks(stall_settings, capfd, rank, size):
+    if size < 3:
+        pytest.skip("needs a set that does not start at rank 0")
+    stall_settings(HORA_STALL_CHECK_TIME_SECONDS=2)
+    pair = hora.add_process_set([1, 2])  # its first rank, job rank 1, inspects it
+    x = np.ones(4, np.float32)
+    capfd.readouterr()
+    if rank == 2:
+        time.sleep(4.0)
+        result = hora.allreduce(x, name="stall.set", op=hora.Sum, process_set=pair)
+    elif rank == 1:
+        began = time.monotonic()
+        handle = hora.allreduce_async(x, name="stall.set", op=hora.Sum, process_set=pair)
+        seen = wait_for_warning(capfd, began + 3.8)
+        assert "stall inspector" in seen, f"no stall warning: {seen!r}"
+        assert "allreduce 'stall.set'" in seen and "not by rank 2" in seen, seen
+        result = hora.synchronize(handle)
+    if rank in (1, 2):
+        np.testing.assert_array_equal(result, np.full(4, 2.0))
+    hora.barrier()
+    hora.remove_process_set(pair)
