@@ -84,6 +84,11 @@ def test_sweep_and_latency_inside_process_sets(tmp_path):
     assert [r["impl"] for r in latency["rows"]] == ["hora", "mpi", "no set", "idle set"], output
     for row in latency["rows"]:
         assert 0 < row["p50_us"] <= row["p99_us"]
+    busy, output = run_bench(4, ["latency", "--iterations", "60", "--process-set", "2,3",
+                                 "--busy-set", "0,1", "--busy-bytes", "65536", "--compare", ""],
+                             tmp_path)
+    assert [r["impl"] for r in busy["rows"]] == ["hora"] and busy["ranks"] == 2, output
+    assert "the busy set ran" in output, output
 
 
 class FakeImpl:

@@ -55,6 +55,13 @@ def log(message):
         print(message, flush=True)
 
 
+def busy_signal(busy, done):
+    """Whether the measuring ranks are done, agreed by the busy set's ranks
+    (each of them must stop after the same allreduce)."""
+    flag = np.array([1.0 if done.Test() else 0.0])
+    return hora.allreduce(flag, name="bench.busy.done", op=hora.Max, process_set=busy)[0] > 0
+
+
 def parse_ranks(text, option, size):
     try:
         ranks = sorted({int(r) for r in text.split(",") if r.strip()})
@@ -296,6 +303,12 @@ def build_parser():
     parser.add_argument("--idle-set", metavar="RANKS",
                         help="latency: also measure the global set's round trip with a second "
                              "process set of these ranks registered but idle, against none")
+    parser.add_argument("--busy-set", metavar="RANKS",
+                        help="with --process-set: these other ranks, in a set of their own, "
+                             "run large allreduces all the while (does the measured set wait "
+                             "for their traffic?)")
+    parser.add_argument("--busy-bytes", type=int, default=16 << 20,
+                        help="--busy-set: bytes of each of its allreduces (default 16 MiB)")
     parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--plot", help="sweeps: draw busbw against size into this PNG")
     return parser
@@ -326,16 +339,35 @@ def main(argv=None):
         args.idle_set = parse_ranks(args.idle_set, "--idle-set", world.Get_size())
     if args.process_set and args.benchmark in ("autotune", "idle"):
         raise SystemExit("--process-set applies to the size sweeps, latency and fusion")
+    if args.busy_set and not args.process_set:
+        raise SystemExit("--busy-set goes with --process-set (the ranks that measure)")
     if args.process_set:
         global LOG_RANK
         ranks = parse_ranks(args.process_set, "--process-set", world.Get_size())
         process_set = hora.add_process_set(ranks)
+        busy_ranks = parse_ranks(args.busy_set, "--busy-set", world.Get_size()) \
+            if args.busy_set else []
+        if set(busy_ranks) & set(ranks):
+            raise SystemExit("--busy-set and --process-set must not share ranks")
+        busy = hora.add_process_set(busy_ranks) if busy_ranks else None
         member = world.Get_rank() in ranks
         comm = world.Split(0 if member else MPI.UNDEFINED, world.Get_rank())
         LOG_RANK = ranks[0]
-        log(f"# inside process set {ranks} ({len(ranks)} of {world.Get_size()} ranks)")
-        if not member:  # the other ranks wait for the measured ones
-            world.Barrier()
+        log(f"# inside process set {ranks} ({len(ranks)} of {world.Get_size()} ranks)" +
+            (f"; process set {busy_ranks} allreduces {args.busy_bytes} bytes meanwhile"
+             if busy else ""))
+        if not member:  # the other ranks wait for the measured ones (or keep busy)
+            done = world.Ibarrier()
+            rounds = 0
+            if busy is not None and world.Get_rank() in busy_ranks:
+                load = np.full(args.busy_bytes // 4, 1e-30, np.float32)
+                while not busy_signal(busy, done):
+                    hora.allreduce_(load, name="bench.busy", op=hora.Sum, process_set=busy)
+                    rounds += 1
+            done.Wait()
+            if busy is not None and world.Get_rank() == busy_ranks[0]:
+                print(f"# the busy set ran {rounds} allreduces of {args.busy_bytes} bytes",
+                      flush=True)
             hora.shutdown()
             return 0
         implementations.SCOPE = implementations.Scope(comm, process_set)
@@ -355,7 +387,7 @@ def main(argv=None):
     else:
         rows = run_sweep(args, comm)
     if args.process_set:
-        world.Barrier()
+        world.Ibarrier().Wait()
     if comm.Get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
