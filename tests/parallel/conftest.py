@@ -57,7 +57,9 @@ def pretend_hosts():
 @pytest.fixture(scope="session", autouse=True)
 def hora_session():
     pretend_hosts()
-    # Dynamic process sets: tests add and remove the sets they use.
+    # Dynamic process sets: tests add and remove the sets they use, also
+    # after tests that start hora anew with init().
+    os.environ["HORA_DYNAMIC_PROCESS_SETS"] = "1"
     hora.init(process_sets="dynamic")
     yield
     hora.shutdown()

@@ -81,6 +81,10 @@ class Communicator {
   // get a communicator whose rank r is ranks[r], the others nullptr. It has
   // its own local() and cross() parts where the transport can tell hosts.
   virtual Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) = 0;
+  // Whether threads may call collectives on different communicators of
+  // this transport at the same time (each process set's engine has a
+  // thread of its own).
+  virtual bool ConcurrentCalls() const = 0;
 
   // What the transport is, for build_info and logs ("MPI (Open MPI v5.0.11)").
   virtual std::string Describe() const = 0;

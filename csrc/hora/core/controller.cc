@@ -143,8 +143,7 @@ void Controller::Unpark(int64_t slot) {
 }
 
 Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
-                            bool waiting, bool root_idle, CycleResult* result,
-                            std::vector<uint64_t>* or_words) {
+                            bool waiting, bool root_idle, CycleResult* result) {
   const int size = comm_->size();
   const int rank = comm_->rank();
   std::vector<int64_t> invalid;
@@ -163,14 +162,12 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
     stall_check = stalls_->CheckDue(now, *coordinator_);
   }
 
-  // Layout: [~flags][ready: AND][~invalid][~any ready][~joined][~shutdown][~or_words]
+  // Layout: [~flags][ready: AND][~invalid][~any ready][~joined][~shutdown]
   const int64_t w = Words(cache_.capacity());
   const int64_t rw = Words(size);
   const int64_t ready_at = 1, invalid_at = 1 + w, any_ready_at = 1 + 2 * w, joined_at = 1 + 3 * w,
-                shutdown_at = 1 + 3 * w + rw, extra_at = 1 + 3 * w + 2 * rw;
-  const size_t extra = or_words ? or_words->size() : 0;
-  std::vector<uint64_t> words(static_cast<size_t>(extra_at) + extra, 0);
-  if (extra > 0) std::copy(or_words->begin(), or_words->end(), words.begin() + extra_at);
+                shutdown_at = 1 + 3 * w + rw;
+  std::vector<uint64_t> words(static_cast<size_t>(1 + 3 * w + 2 * rw), 0);
   words[0] = uncached_.empty() && !stall_check && !announce_ ? 0 : kFlagUncached;
   if (waiting) words[0] |= kFlagWaiting;
   if (rank == 0 && root_idle) words[0] |= kFlagRootIdle;
@@ -190,7 +187,6 @@ Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bo
   HORA_RETURN_IF_ERROR(comm_->AllreduceBitAnd(words.data(), static_cast<int>(words.size())));
   invert_or_regions();
   const uint64_t flags = words[0];
-  if (extra > 0) std::copy(words.begin() + extra_at, words.end(), or_words->begin());
 
   std::vector<bool> joined_ranks(size, false);
   bool joined_changed = false;

@@ -46,12 +46,9 @@ class Controller {
 
   // `waiting`: a caller of this rank is blocked on a result. `root_idle` is
   // rank 0's say on whether the engines go back to sleep after this cycle
-  // (ignored on other ranks); it comes back in go_idle. `or_words`, when
-  // given, travel with the cycle's exchange and come back ORed over every
-  // rank (the engine's flags for process sets with work); every rank must
-  // pass the same number of words.
+  // (ignored on other ranks); it comes back in go_idle.
   Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined, bool waiting,
-                  bool root_idle, CycleResult* result, std::vector<uint64_t>* or_words = nullptr);
+                  bool root_idle, CycleResult* result);
   // Requests that still have to reach the coordinator (e.g. moved off an
   // evicted cache entry): the engine must ask for another cycle.
   bool HasUnsentRequests() const { return !uncached_.empty(); }

@@ -44,10 +44,6 @@ void Engine::StopTimeline() { timeline_.Stop(); }
 void Engine::Apply(const EngineParameters& parameters) {
   executor_.SetFusionThreshold(parameters.fusion_threshold_bytes);
   executor_.SetHierarchical(parameters.hierarchical);
-  for (auto& item : member_sets_) {
-    item.second->executor().SetFusionThreshold(parameters.fusion_threshold_bytes);
-    item.second->executor().SetHierarchical(parameters.hierarchical);
-  }
   cycle_time_ms_ = parameters.cycle_time_ms;
   spin_window_ = parameters.cycle_time_ms == 0 && spin_allowed_
                      ? std::chrono::microseconds(config_.spin_us)
@@ -69,7 +65,44 @@ std::vector<Engine::ParameterChange> Engine::parameter_history() const {
 
 Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
                      std::unique_ptr<Engine>* out) {
+  return Launch(std::move(comm), config, nullptr, out);
+}
+
+Status Engine::StartProcessSet(std::unique_ptr<Communicator> comm, const Config& config,
+                               const ProcessSetEngineOptions& options,
+                               std::unique_ptr<Engine>* out) {
+  // The job's engine tunes and writes the timeline; a set takes the job's
+  // settings as they are when it is made.
+  Config set_config = config;
+  set_config.autotune = false;
+  set_config.timeline_path.clear();
+  set_config.fusion_threshold_bytes = options.parameters.fusion_threshold_bytes;
+  set_config.cycle_time_ms = options.parameters.cycle_time_ms;
+  // A forced path the set's ranks cannot take (shared memory across hosts,
+  // the hierarchy on hosts with different numbers of the set's ranks)
+  // falls back to the automatic choice for this set; every member sees
+  // the same topology, so all fall back alike.
+  const Topology& t = comm->topology();
+  const bool hierarchy = t.homogeneous && comm->local() != nullptr && comm->cross() != nullptr;
+  if ((config.allreduce_algorithm == AllreduceAlgorithm::kShm && t.local_size != t.size) ||
+      (config.allreduce_algorithm == AllreduceAlgorithm::kHierarchical && !hierarchy)) {
+    HORA_LOG(kInfo) << DescribeProcessSet(options.id, options.ranks) << ": HORA_ALLREDUCE_ALGORITHM="
+                    << AllreduceAlgorithmName(config.allreduce_algorithm)
+                    << " does not fit its ranks' hosts; the set chooses automatically";
+    set_config.allreduce_algorithm = AllreduceAlgorithm::kAuto;
+  }
+  return Launch(std::move(comm), set_config, &options, out);
+}
+
+Status Engine::Launch(std::unique_ptr<Communicator> comm, const Config& config,
+                      const ProcessSetEngineOptions* set, std::unique_ptr<Engine>* out) {
   std::unique_ptr<Engine> engine(new Engine(std::move(comm), config));
+  if (set) {
+    const std::string name = DescribeProcessSet(set->id, set->ranks);
+    engine->timeline_.ForwardTo(set->timeline, " [process set " + std::to_string(set->id) + "]");
+    engine->controller_.SetRankNames(set->ranks, " in " + name);
+    engine->set_gone_ = name + " was removed, or hora was shut down, while this collective waited";
+  }
   HORA_RETURN_IF_ERROR(WakeupChannel::Create(engine->comm_.get(), &engine->wakeup_)
                            .WithContext("starting the engine"));
   HORA_RETURN_IF_ERROR(SelectKernels(config.cpu_kernels));
@@ -82,11 +115,14 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   engine->executor_.SetRouter(std::move(router));
   engine->allreduce_settings_ = settings;
   Engine* self = engine.get();
-  engine->executor_.SetProcessSetHandler([self](const Response& response, Work* work) {
-    return self->ChangeProcessSets(response, work);
-  });
+  if (!set) {
+    engine->executor_.SetProcessSetHandler([self](const Response& response, Work* work) {
+      return self->ChangeProcessSets(response, work);
+    });
+  }
   if (engine->comm_->rank() == 0) {
-    HORA_LOG(kDebug) << "engine started on " << engine->comm_->size() << " ranks over "
+    HORA_LOG(kDebug) << (set ? DescribeProcessSet(set->id, set->ranks) + ": engine" : "engine")
+                     << " started on " << engine->comm_->size() << " ranks over "
                      << engine->comm_->Describe() << "; " << config.Describe() << "; "
                      << engine->executor_.router()->Describe();
   }
@@ -98,6 +134,7 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
   EngineParameters initial;
   initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
   initial.cycle_time_ms = config.cycle_time_ms;
+  if (set) initial.hierarchical = set->parameters.hierarchical;
   engine->Apply(initial);
   engine->parameter_history_.clear();  // the history holds changes only
   if (config.autotune && engine->comm_->rank() == 0) {
@@ -113,7 +150,7 @@ Status Engine::Start(std::unique_ptr<Communicator> comm, const Config& config,
     }
   }
   // Every rank made it through a new init together: MPI works again.
-  g_job_broken = false;
+  if (!set) g_job_broken = false;
   Engine* raw = engine.get();
   engine->thread_ = std::thread([raw] { raw->Loop(); });
   *out = std::move(engine);
@@ -170,7 +207,7 @@ std::vector<Engine::ProcessSetInfo> Engine::ProcessSets() const {
 
 Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
   if (set == 0) return queue_.Add(std::move(entries));
-  std::shared_ptr<ProcessSet> target;
+  std::shared_ptr<Engine> target;
   {
     std::lock_guard<std::mutex> lock(sets_mutex_);
     auto it = member_sets_.find(set);
@@ -181,7 +218,7 @@ Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
     else
       return UnknownSet(set);
   }
-  return target->queue().Add(std::move(entries));
+  return target->Enqueue(std::move(entries));
 }
 
 Status Engine::EnqueueOne(int32_t set, TensorEntry entry) {
@@ -217,6 +254,14 @@ Status Engine::RemoveProcessSet(int32_t id, std::shared_ptr<Work>* work) {
 }
 
 Status Engine::ChangeProcessSets(const Response& response, Work* work) {
+  // A failure that stops the engine still completes the caller's Work
+  // (its entry has left the queue, so stopping would not fail it).
+  Status status = ApplyProcessSetChange(response, work);
+  if (!status.ok()) work->Complete(status);
+  return status;
+}
+
+Status Engine::ApplyProcessSetChange(const Response& response, Work* work) {
   if (response.kind == CollectiveKind::kRemoveProcessSet) {
     const int32_t id = response.shape.empty() ? -1 : static_cast<int32_t>(response.shape[0]);
     if (id == 0) {
@@ -224,7 +269,7 @@ Status Engine::ChangeProcessSets(const Response& response, Work* work) {
           "remove_process_set: the global process set (id 0) cannot be removed"));
       return Status::OK();
     }
-    std::shared_ptr<ProcessSet> removed;
+    std::shared_ptr<Engine> removed;
     std::vector<int> ranks;
     {
       std::lock_guard<std::mutex> lock(sets_mutex_);
@@ -241,12 +286,9 @@ Status Engine::ChangeProcessSets(const Response& response, Work* work) {
         member_sets_.erase(member);
       }
     }
-    if (removed) {
-      const Status gone = Status::InvalidArgument(DescribeProcessSet(id, ranks) +
-                                                  " was removed while this collective waited");
-      removed->queue().Close(gone);
-      removed->queue().FailAll(gone);
-    }
+    // Every member stops the set's engine here, at the same point of the
+    // job's order; its pending collectives fail.
+    if (removed) removed->Shutdown();
     HORA_LOG(kDebug) << "removed " << DescribeProcessSet(id, ranks);
     work->Complete(Status::OK());
     return Status::OK();
@@ -272,24 +314,27 @@ Status Engine::ChangeProcessSets(const Response& response, Work* work) {
       return Status::OK();
     }
   }
+  if (!comm_->ConcurrentCalls()) {
+    work->Complete(Status::InvalidArgument(
+        "add_process_set: each process set runs its own engine thread, which needs MPI "
+        "initialized with MPI_THREAD_MULTIPLE (hora asks for it when it initializes MPI; "
+        "initialize MPI yourself with MPI_THREAD_MULTIPLE otherwise)"));
+    return Status::OK();
+  }
   const int32_t id = next_set_id_++;
   std::unique_ptr<Communicator> sub;
   HORA_RETURN_IF_ERROR(comm_->Split(ranks, &sub).WithContext("add_process_set"));
-  std::shared_ptr<ProcessSet> set;
+  std::shared_ptr<Engine> set;
   if (sub) {
-    Communicator* raw = sub.get();
-    raw->SetBlockingCollectives(true);
-    set = std::make_shared<ProcessSet>(id, ranks, std::move(sub), config_, &timeline_, [this] {
-      if (wakeup_) wakeup_->NotifyLocal();
-    });
-    HORA_RETURN_IF_ERROR(set->StartRouter(allreduce_settings_).WithContext("add_process_set"));
-    const EngineParameters now = parameters();
-    set->executor().SetFusionThreshold(now.fusion_threshold_bytes);
-    set->executor().SetHierarchical(now.hierarchical);
-    set->executor().SetProcessSetHandler([](const Response&, Work* w) {
-      w->Complete(Status::InvalidArgument("process sets are added and removed on the global set"));
-      return Status::OK();
-    });
+    ProcessSetEngineOptions options;
+    options.id = id;
+    options.ranks = ranks;
+    options.timeline = &timeline_;
+    options.parameters = parameters();
+    std::unique_ptr<Engine> started;
+    HORA_RETURN_IF_ERROR(
+        StartProcessSet(std::move(sub), config_, options, &started).WithContext("add_process_set"));
+    set = std::move(started);
   }
   {
     std::lock_guard<std::mutex> lock(sets_mutex_);
@@ -299,45 +344,6 @@ Status Engine::ChangeProcessSets(const Response& response, Work* work) {
   HORA_LOG(kDebug) << "added " << DescribeProcessSet(id, ranks);
   work->process_set_id = id;
   work->Complete(Status::OK());
-  return Status::OK();
-}
-
-std::vector<uint64_t> Engine::ProcessSetFlags() const {
-  // Every rank has the same table, so the same number of words.
-  std::vector<uint64_t> words(static_cast<size_t>(next_set_id_ + 63) / 64, 0);
-  for (const auto& item : member_sets_) {
-    if (item.second->HasWork()) words[item.first / 64] |= uint64_t(1) << (item.first % 64);
-  }
-  return words;
-}
-
-bool Engine::AnyInFlight() const {
-  if (queue_.HasInFlight()) return true;
-  for (const auto& item : member_sets_) {
-    if (item.second->queue().HasInFlight()) return true;
-  }
-  return false;
-}
-
-Status Engine::RunProcessSetCycles(const std::vector<uint64_t>& flags, bool waiting) {
-  for (auto& item : member_sets_) {
-    const int32_t id = item.first;
-    if (static_cast<size_t>(id / 64) >= flags.size() || !((flags[id / 64] >> (id % 64)) & 1)) {
-      continue;
-    }
-    ProcessSet& set = *item.second;
-    std::vector<Request> requests;
-    set.queue().TakeNewRequests(&requests);
-    CycleResult result;
-    set.comm()->SetBlockingCollectives(hot_);
-    HORA_RETURN_IF_ERROR(
-        set.controller().RunCycle(std::move(requests), false, false, waiting, true, &result));
-    set.comm()->SetBlockingCollectives(result.waiting);
-    HORA_RETURN_IF_ERROR(set.executor().Run(result.responses, std::chrono::steady_clock::now()));
-    if (!result.abort.ok()) {
-      return result.abort.WithContext(DescribeProcessSet(id, set.ranks()));
-    }
-  }
   return Status::OK();
 }
 
@@ -365,8 +371,16 @@ void Engine::Shutdown() {
                      << " with work), " << Ms(stats_.negotiation).count() << " ms negotiating, "
                      << Ms(stats_.execution).count() << " ms running collectives";
   }
-  Stop(Status::Shutdown("hora has been shut down on this rank"));
+  Stop(Status::Shutdown(set_gone_.empty() ? "hora has been shut down on this rank" : set_gone_));
   timeline_.Stop();
+  // This rank's process sets stop with the job (each tells its members).
+  std::map<int32_t, std::shared_ptr<Engine>> sets;
+  {
+    std::lock_guard<std::mutex> lock(sets_mutex_);
+    sets.swap(member_sets_);
+    set_ranks_.clear();
+  }
+  for (auto& item : sets) item.second->Shutdown();
 }
 
 bool Engine::JobBroken() { return g_job_broken.load(); }
@@ -380,15 +394,6 @@ void Engine::Stop(const Status& reason) {
   if (reason.code() != StatusCode::kShutdown) g_job_broken = true;
   queue_.Close(reason);
   queue_.FailAll(reason);
-  std::map<int32_t, std::shared_ptr<ProcessSet>> sets;
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    sets = member_sets_;
-  }
-  for (auto& item : sets) {
-    item.second->queue().Close(reason);
-    item.second->queue().FailAll(reason);
-  }
   std::lock_guard<std::mutex> lock(join_mutex_);
   if (join_work_) {
     join_work_->Complete(reason);
@@ -397,9 +402,6 @@ void Engine::Stop(const Status& reason) {
 }
 
 bool Engine::HasLocalWork() const {
-  for (const auto& item : member_sets_) {
-    if (item.second->HasWork()) return true;
-  }
   return queue_.HasNewRequests() || controller_.HasUnsentRequests() ||
          join_requested_.load() != join_announced_ ||
          shutdown_requested_.load() != shutdown_announced_;
@@ -435,7 +437,7 @@ void Engine::Loop() {
       if (!HasLocalWork() && pending_wants_ == 0 && stall_ms != 0) {
         // While this rank's own collectives are in flight, a quiet spell
         // ends in a cycle anyway (see kNudgeMs).
-        const bool in_flight = AnyInFlight();
+        const bool in_flight = queue_.HasInFlight();
         const bool nudge = in_flight && (stall_ms < 0 || stall_ms > kNudgeMs);
         status = wakeup_->Wait(nudge ? kNudgeMs : stall_ms, &events);
         if (status.ok() && nudge && events.timed_out) {
@@ -465,7 +467,7 @@ void Engine::Loop() {
           status = wakeup_->RequestCycle();
           want_sent = true;
         }
-        const bool in_flight = AnyInFlight();
+        const bool in_flight = queue_.HasInFlight();
         if (status.ok()) status = wakeup_->Wait(in_flight ? kNudgeMs : -1, &events);
         pending_starts_ += events.starts;
         if (status.ok() && in_flight && events.timed_out) {
@@ -548,9 +550,8 @@ bool Engine::RunOneCycle(bool* go_idle) {
   // are right behind, so blocking calls are fastest. Every rank knows
   // whether this cycle is hot, and (after negotiating) whether anyone waits.
   comm_->SetBlockingCollectives(hot_);
-  std::vector<uint64_t> set_flags = ProcessSetFlags();
-  Status status = controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle,
-                                       &result, &set_flags);
+  Status status =
+      controller_.RunCycle(std::move(requests), shutdown, joined, waiting, root_idle, &result);
   const auto negotiated = std::chrono::steady_clock::now();
   if (status.ok()) {
     if (result.has_parameters) {
@@ -559,9 +560,6 @@ bool Engine::RunOneCycle(bool* go_idle) {
     }
     comm_->SetBlockingCollectives(result.waiting);
     status = executor_.Run(result.responses, negotiated);
-    // The sets this cycle found work for, after the global set's (whose
-    // responses may just have added or removed sets: their bits are 0).
-    if (status.ok()) status = RunProcessSetCycles(set_flags, result.waiting);
     const int64_t bytes = executor_.TakeAllreducedBytes();
     if (autotuner_) autotuner_->Record(bytes, negotiated);
   }
@@ -598,10 +596,11 @@ bool Engine::RunOneCycle(bool* go_idle) {
   }
   if (!result.shutdown_ranks.empty()) {
     const bool self = shutdown;
-    Stop(Status::Shutdown(self ? "hora has been shut down on this rank"
-                               : "hora has been shut down because " +
-                                     RankList(result.shutdown_ranks) +
-                                     " called hora.shutdown() (or exited)"));
+    Stop(Status::Shutdown(!set_gone_.empty() ? set_gone_
+                          : self             ? "hora has been shut down on this rank"
+                                             : "hora has been shut down because " +
+                                                   RankList(result.shutdown_ranks) +
+                                                   " called hora.shutdown() (or exited)"));
     return false;
   }
   return true;

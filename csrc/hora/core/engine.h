@@ -27,12 +27,25 @@
 
 namespace hora {
 
+// What makes a process set's engine differ from the job's.
+struct ProcessSetEngineOptions {
+  int32_t id = 0;
+  std::vector<int> ranks;        // the job's ranks; the set's rank k is ranks[k]
+  Timeline* timeline = nullptr;  // the job's: the set's rows go there
+  EngineParameters parameters;   // the job's settings when the set is made
+};
+
 class Engine {
  public:
   // Takes over `comm` and starts the background thread; collective over
   // the communicator's ranks.
   static Status Start(std::unique_ptr<Communicator> comm, const Config& config,
                       std::unique_ptr<Engine>* out);
+  // The engine of a process set, over the set's communicator; collective
+  // over the set's ranks. Its errors and reports name the job's ranks.
+  static Status StartProcessSet(std::unique_ptr<Communicator> comm, const Config& config,
+                                const ProcessSetEngineOptions& options,
+                                std::unique_ptr<Engine>* out);
   ~Engine();
 
   Status Enqueue(std::vector<TensorEntry> entries) { return queue_.Add(std::move(entries)); }
@@ -63,7 +76,7 @@ class Engine {
   // with join_last_rank set.
   Status Join(std::shared_ptr<Work>* work);
   // Stops the thread (telling the other ranks) and fails whatever is still
-  // pending. Idempotent.
+  // pending, and the engines of this rank's process sets. Idempotent.
   void Shutdown();
   // Whether an engine of this process stopped because the job broke (a
   // lost rank, a stall past the shutdown time, a transport error) rather
@@ -91,6 +104,9 @@ class Engine {
 
  private:
   Engine(std::unique_ptr<Communicator> comm, const Config& config);
+  // Start and StartProcessSet (`set` null for the job's engine).
+  static Status Launch(std::unique_ptr<Communicator> comm, const Config& config,
+                       const ProcessSetEngineOptions* set, std::unique_ptr<Engine>* out);
   void Loop();
   bool HasLocalWork() const;
   // The error for a lost peer (and, on rank 0, the notice to the others).
@@ -101,15 +117,9 @@ class Engine {
   bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
   void Apply(const EngineParameters& parameters);
-  // Engine thread: the cycles of the process sets the global cycle flagged
-  // (`flags`: one bit per set id), in id order.
-  Status RunProcessSetCycles(const std::vector<uint64_t>& flags, bool waiting);
-  // Which sets this rank has work for, one bit per set id (the words the
-  // global cycle ORs over every rank).
-  std::vector<uint64_t> ProcessSetFlags() const;
-  bool AnyInFlight() const;
   // Engine thread: runs an add/remove-process-set response.
   Status ChangeProcessSets(const Response& response, Work* work);
+  Status ApplyProcessSetChange(const Response& response, Work* work);
   Status SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
                          std::shared_ptr<Work>* work);
 
@@ -144,11 +154,11 @@ class Engine {
 
   // Process sets other than the global one. Caller threads read the table;
   // it changes only on the engine thread, at the same point of the global
-  // order on every rank (the maps are ordered: sets run in id order).
+  // order on every rank.
   mutable std::mutex sets_mutex_;
-  std::map<int32_t, std::vector<int>> set_ranks_;               // every set but 0
-  std::map<int32_t, std::shared_ptr<ProcessSet>> member_sets_;  // those this rank is in
-  int32_t next_set_id_ = 1;                                     // engine thread
+  std::map<int32_t, std::vector<int>> set_ranks_;           // every set but 0
+  std::map<int32_t, std::shared_ptr<Engine>> member_sets_;  // those this rank is in
+  int32_t next_set_id_ = 1;                                 // engine thread
   std::atomic<uint64_t> set_changes_{0};  // add/remove calls on this rank: their names
   AllreduceSettings allreduce_settings_;
 
@@ -158,6 +168,9 @@ class Engine {
   bool join_announced_ = false;  // engine thread only
   std::atomic<bool> shutdown_requested_{false};
   bool shutdown_announced_ = false;  // engine thread only
+  // A process set's engine: what its pending collectives fail with when the
+  // set goes away (removed, or hora shut down); empty for the job's engine.
+  std::string set_gone_;
   std::mutex shutdown_mutex_;
   bool stopped_ = false;
 };

@@ -29,28 +29,4 @@ std::string InvalidProcessSetRanks(const std::vector<int>& ranks, int size) {
   return std::string();
 }
 
-ProcessSet::ProcessSet(int32_t id, std::vector<int> ranks, std::unique_ptr<Communicator> comm,
-                       const Config& config, Timeline* timeline, std::function<void()> on_new_work)
-    : id_(id),
-      ranks_(std::move(ranks)),
-      comm_(std::move(comm)),
-      timeline_(timeline, " [process set " + std::to_string(id) + "]"),
-      queue_(std::move(on_new_work)),
-      controller_(comm_.get(), config, &timeline_),
-      executor_(comm_.get(), &queue_, config, &timeline_) {
-  controller_.SetRankNames(ranks_, " in " + DescribeProcessSet(id_, ranks_));
-}
-
-Status ProcessSet::StartRouter(const AllreduceSettings& settings) {
-  std::unique_ptr<AllreduceRouter> router;
-  HORA_RETURN_IF_ERROR(AllreduceRouter::Create(comm_.get(), settings, &router));
-  executor_.SetRouter(std::move(router));
-  return Status::OK();
-}
-
-bool ProcessSet::HasWork() const {
-  return queue_.HasNewRequests() || controller_.HasUnsentRequests() ||
-         controller_.MsUntilStallCheck() == 0;
-}
-
 }  // namespace hora

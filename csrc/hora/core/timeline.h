@@ -32,11 +32,14 @@ class Timeline {
   using Clock = std::chrono::steady_clock;
 
   Timeline() = default;
-  // A view that writes into `target`'s file, with `row_suffix` added to
-  // every tensor's row (" [process set 2]": one row per tensor and set).
-  Timeline(Timeline* target, std::string row_suffix)
-      : target_(target), row_suffix_(std::move(row_suffix)) {}
   ~Timeline();
+  // Makes this (unstarted) timeline a view that writes into `target`'s
+  // file, with `row_suffix` added to every tensor's row (" [process set
+  // 2]": one row per tensor and set).
+  void ForwardTo(Timeline* target, std::string row_suffix) {
+    target_ = target;
+    row_suffix_ = std::move(row_suffix);
+  }
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 

@@ -368,6 +368,7 @@ def main(argv=None):
             if busy is not None and world.Get_rank() == busy_ranks[0]:
                 print(f"# the busy set ran {rounds} allreduces of {args.busy_bytes} bytes",
                       flush=True)
+            world.Barrier()  # nobody shuts hora down while a busy set still runs
             hora.shutdown()
             return 0
         implementations.SCOPE = implementations.Scope(comm, process_set)
@@ -387,7 +388,8 @@ def main(argv=None):
     else:
         rows = run_sweep(args, comm)
     if args.process_set:
-        world.Ibarrier().Wait()
+        world.Ibarrier().Wait()  # the busy set may stop now
+        world.Barrier()
     if comm.Get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:

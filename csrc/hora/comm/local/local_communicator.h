@@ -78,6 +78,7 @@ class LocalCommunicator : public Communicator {
   Communicator* cross() override { return cross_.get(); }
   // The subset's ranks count as one host (no local or cross parts).
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
+  bool ConcurrentCalls() const override { return true; }
   std::string Describe() const override;
 
  private:

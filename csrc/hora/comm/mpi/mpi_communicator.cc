@@ -204,6 +204,12 @@ Status MpiCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Com
   return Status::OK();
 }
 
+bool MpiCommunicator::ConcurrentCalls() const {
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
 std::unique_ptr<MpiCommunicator> MpiCommunicator::Part(MPI_Comm comm, bool one_host) {
   std::unique_ptr<MpiCommunicator> part(new MpiCommunicator());
   part->comm_ = comm;
