@@ -86,7 +86,8 @@ Status Engine::StartProcessSet(std::unique_ptr<Communicator> comm, const Config&
   const bool hierarchy = t.homogeneous && comm->local() != nullptr && comm->cross() != nullptr;
   if ((config.allreduce_algorithm == AllreduceAlgorithm::kShm && t.local_size != t.size) ||
       (config.allreduce_algorithm == AllreduceAlgorithm::kHierarchical && !hierarchy)) {
-    HORA_LOG(kInfo) << DescribeProcessSet(options.id, options.ranks) << ": HORA_ALLREDUCE_ALGORITHM="
+    HORA_LOG(kInfo) << DescribeProcessSet(options.id, options.ranks)
+                    << ": HORA_ALLREDUCE_ALGORITHM="
                     << AllreduceAlgorithmName(config.allreduce_algorithm)
                     << " does not fit its ranks' hosts; the set chooses automatically";
     set_config.allreduce_algorithm = AllreduceAlgorithm::kAuto;
