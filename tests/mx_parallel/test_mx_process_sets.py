@@ -16,30 +16,10 @@ from mxnet import autograd, gluon
 import hora
 import hora.mxnet as hvd
 from conftest import rank_values
+from parity_sets import other_set, parity_fixture
 
 
-@pytest.fixture
-def sets(rank, size):
-    """(evens, odds or None, the set of this rank); every rank adds and
-    removes them in the same order."""
-    if size > 1:
-        evens = hvd.add_process_set(range(0, size, 2))
-        odds = hvd.add_process_set(range(1, size, 2))
-    else:
-        evens, odds = hvd.global_process_set, None
-    mine = evens if rank % 2 == 0 else odds
-    yield evens, odds, mine
-    hvd.barrier()
-    for ps in (evens, odds):
-        if ps is not None and ps is not hvd.global_process_set:
-            hvd.remove_process_set(ps)
-
-
-def other_set(sets):
-    evens, odds, mine = sets
-    if odds is None:
-        pytest.skip("needs two sets")
-    return odds if mine is evens else evens
+sets = pytest.fixture(parity_fixture, name="sets")
 
 
 def test_the_mxnet_face_exports_the_process_set_api():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import resolve_dtype
 
+from adasum_reference import tree
 import hora
 
 
@@ -17,19 +18,6 @@ def power_of_two(size):
     return size & (size - 1) == 0
 
 
-def combine(a, b):
-    dot, a2, b2 = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1 - dot / (2 * a2) if a2 > 0 else 1.0
-    cb = 1 - dot / (2 * b2) if b2 > 0 else 1.0
-    return ca * a + cb * b
-
-
-def tree(vectors):
-    """Adasum over ranks 0..n-1: the lower half's result (+) the upper half's."""
-    if len(vectors) == 1:
-        return vectors[0]
-    half = len(vectors) // 2
-    return combine(tree(vectors[:half]), tree(vectors[half:]))
 
 
 def random_input(tag, rank, count):

@@ -10,28 +10,12 @@ import threading
 import numpy as np
 import pytest
 from conftest import rank_input
+from parity_sets import parity_fixture
 
 import hora
 
 
-def parity_sets(size):
-    """Ranks split into evens and odds, added on every rank in the same
-    order; returns (evens, odds). On one rank the evens are every rank, a
-    set that exists already: the global set stands in and odds is None."""
-    if size == 1:
-        return hora.global_process_set, None
-    return hora.add_process_set(range(0, size, 2)), hora.add_process_set(range(1, size, 2))
-
-
-@pytest.fixture
-def sets(rank, size):
-    evens, odds = parity_sets(size)
-    mine = evens if rank % 2 == 0 else odds
-    yield evens, odds, mine
-    hora.barrier()
-    for ps in (evens, odds):
-        if ps is not None and ps is not hora.global_process_set:
-            hora.remove_process_set(ps)
+sets = pytest.fixture(parity_fixture, name="sets")
 
 
 @pytest.fixture

@@ -9,21 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from adasum_reference import tree
 import hora.tensorflow as hvd
 
 
-def combine(a, b):
-    dot, a2, b2 = float(a @ b), float(a @ a), float(b @ b)
-    ca = 1 - dot / (2 * a2) if a2 > 0 else 1.0
-    cb = 1 - dot / (2 * b2) if b2 > 0 else 1.0
-    return ca * a + cb * b
-
-
-def tree(vectors):
-    if len(vectors) == 1:
-        return vectors[0]
-    half = len(vectors) // 2
-    return combine(tree(vectors[:half]), tree(vectors[half:]))
 
 
 def vector(tag, rank, count=11):

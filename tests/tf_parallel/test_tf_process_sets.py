@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 from conftest import rank_values
 from keras_helpers import BATCH, global_batches, rank_data
+from parity_sets import ParitySets
 
 import hora
 import hora.keras
@@ -28,30 +29,9 @@ from hora.tensorflow.keras import _flavor
 keras = tf.keras
 
 
-class Sets:
-    """The parity sets, seen from this rank."""
-
-    def __init__(self):
-        size, rank = hvd.size(), hvd.rank()
-        # on one rank the evens are every rank: that set exists already, as
-        # the global set (a set may exist only once, as in Horovod)
-        self.evens = (hvd.add_process_set(range(0, size, 2)) if size > 1
-                      else hvd.global_process_set)
-        self.odds = hvd.add_process_set(range(1, size, 2)) if size > 1 else None
-        self.mine = self.evens if rank % 2 == 0 else self.odds
-        self.other = None if self.odds is None else (
-            self.odds if self.mine is self.evens else self.evens)
-
-    def remove(self):
-        hvd.barrier()
-        for ps in (self.evens, self.odds):
-            if ps is not None and ps is not hvd.global_process_set:
-                assert hvd.remove_process_set(ps)
-
-
 @pytest.fixture(scope="module")
 def sets():
-    made = Sets()
+    made = ParitySets()
     yield made
     made.remove()
 

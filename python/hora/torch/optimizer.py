@@ -413,19 +413,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                 params.append(p)
     units, unit_names = _split_units(params, policy.groups, what)
 
-    base = type(optimizer)
     member = process_set is global_process_set or bool(process_set.included())
     if policy.op == Adasum and member and set_size(process_set) > 1:
-        return _adasum_optimizer(optimizer, base, names, policy, passes, process_set)
-    cls = _CLASSES.get(base)
-    if cls is None:
-        cls = type(base.__name__, (_DistributedOptimizer, base),
-                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        _CLASSES[base] = cls
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._parameter_names = names
-    wrapped.process_set = process_set  # Horovod's attribute
+        return _adasum_optimizer(optimizer, names, policy, passes, process_set)
+    wrapped = _rewrap(optimizer, _DistributedOptimizer, _CLASSES, names, process_set)
     wrapped._hora_setup({p: f"allreduce.{name}" for p, name in names.items()}, units,
                         unit_names, policy, passes, sparse_as_dense, process_set)
     return wrapped
@@ -434,7 +425,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 _ADASUM_CLASSES: dict[type, type] = {}
 
 
-def _adasum_optimizer(optimizer, base, names, policy, passes, process_set):
+def _rewrap(optimizer, mixin, classes, names, process_set):
+    """An instance of ``type(optimizer)`` with ``mixin`` in front (the class
+    made once per optimizer class and kept in ``classes``), sharing
+    ``optimizer``'s state; its hora state is set up by the caller."""
+    base = type(optimizer)
+    cls = classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (mixin, base),
+                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
+        classes[base] = cls
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._parameter_names = names
+    wrapped.process_set = process_set  # Horovod's attribute
+    return wrapped
+
+
+def _adasum_optimizer(optimizer, names, policy, passes, process_set):
     """Horovod's delta optimizer (see :mod:`hora.torch.adasum_optimizer`)."""
     size = set_size(process_set)
     if size & (size - 1):
@@ -442,16 +450,9 @@ def _adasum_optimizer(optimizer, base, names, policy, passes, process_set):
                          f"power of two, got {size} ranks")
     if any(p.grad is not None and p.grad.is_sparse for p in names):
         raise ValueError("DistributedOptimizer: op=Adasum does not take sparse gradients")
-    cls = _ADASUM_CLASSES.get(base)
-    if cls is None:
-        cls = type(base.__name__, (_DistributedAdasumOptimizer, base),
-                   {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        _ADASUM_CLASSES[base] = cls
-    wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._parameter_names = names
-    wrapped.process_set = process_set
-    wrapped._hora_adasum_setup(base, {p: f"adasum.{name}" for p, name in names.items()},
+    wrapped = _rewrap(optimizer, _DistributedAdasumOptimizer, _ADASUM_CLASSES, names,
+                      process_set)
+    wrapped._hora_adasum_setup(type(optimizer), {p: f"adasum.{name}" for p, name in names.items()},
                                policy.compression, passes, process_set)
     return wrapped
 
