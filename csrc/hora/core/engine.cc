@@ -206,27 +206,30 @@ std::vector<Engine::ProcessSetInfo> Engine::ProcessSets() const {
   return sets;
 }
 
+Status Engine::MemberSet(int32_t set, std::shared_ptr<Engine>* out) const {
+  std::lock_guard<std::mutex> lock(sets_mutex_);
+  auto it = member_sets_.find(set);
+  if (it != member_sets_.end()) {
+    *out = it->second;
+    return Status::OK();
+  }
+  auto known = set_ranks_.find(set);
+  return known != set_ranks_.end() ? NotAMember(set, known->second, comm_->rank())
+                                   : UnknownSet(set);
+}
+
 Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
   if (set == 0) return queue_.Add(std::move(entries));
   std::shared_ptr<Engine> target;
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    auto it = member_sets_.find(set);
-    if (it != member_sets_.end())
-      target = it->second;
-    else if (set_ranks_.count(set))
-      return NotAMember(set, set_ranks_.at(set), comm_->rank());
-    else
-      return UnknownSet(set);
-  }
+  HORA_RETURN_IF_ERROR(MemberSet(set, &target));
   return target->Enqueue(std::move(entries));
 }
 
 Status Engine::EnqueueOne(int32_t set, TensorEntry entry) {
   if (set == 0) return queue_.AddOne(std::move(entry));
-  std::vector<TensorEntry> entries;
-  entries.push_back(std::move(entry));
-  return Enqueue(set, std::move(entries));
+  std::shared_ptr<Engine> target;
+  HORA_RETURN_IF_ERROR(MemberSet(set, &target));
+  return target->EnqueueOne(std::move(entry));
 }
 
 Status Engine::SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,

@@ -118,6 +118,8 @@ class Engine {
   void Stop(const Status& reason);
   void Apply(const EngineParameters& parameters);
   // Engine thread: runs an add/remove-process-set response.
+  // The engine of set `set` (this rank a member), or the error naming why not.
+  Status MemberSet(int32_t set, std::shared_ptr<Engine>* out) const;
   Status ChangeProcessSets(const Response& response, Work* work);
   Status ApplyProcessSetChange(const Response& response, Work* work);
   Status SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
