@@ -480,6 +480,8 @@ def test_two_sets_use_the_same_names_at_once(rank, size, sets):
     """Both sets keep many same-named collectives in flight while the global
     set runs one of the same name; each finishes in its own set."""
     _, _, mine = sets
+    if mine is hvd.global_process_set:
+        pytest.skip("on one rank this rank's set is the global set itself")
     handles = []
     for step in range(20):
         x = torch.full((513,), float(rank * 1000 + step))

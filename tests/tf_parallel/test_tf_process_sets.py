@@ -270,6 +270,10 @@ def test_broadcast_and_allgather_objects(sets):
 
 def test_two_sets_use_the_same_name_side_by_side(sets, mode):
     mine, rank, size = sets.mine, hvd.rank(), hvd.size()
+    if mine is hvd.global_process_set:
+        # the two calls would be one name twice in one set, which inside
+        # tf.function may be in flight at once
+        pytest.skip("on one rank this rank's set is the global set itself")
     x = tf.constant(rank_values("tf.ps.same", rank, (5,)))
 
     def both(x):
