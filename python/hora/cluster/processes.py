@@ -1,0 +1,87 @@
+"""Starting the MPI daemon inside a task, and making sure nothing it started
+outlives the task."""
+import ctypes
+import os
+import signal
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """preexec_fn: the child gets SIGKILL when the thread that started it
+    ends (on Linux), so a task killed by its engine takes its daemon along."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children_map():
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: the fields after
+        # the last ')' are fixed
+        fields = stat[stat.rfind(b")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants(pid):
+    """Every living process below ``pid`` (Linux; empty elsewhere)."""
+    if not os.path.isdir("/proc"):
+        return []
+    children = _children_map()
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def kill_tree(proc, grace_s=3.0):
+    """SIGTERM ``proc`` (a Popen) and everything below it, SIGKILL what is
+    left after ``grace_s``."""
+    pids = descendants(proc.pid) + [proc.pid]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if proc.poll() is None or any(_alive(pid) for pid in pids if pid != proc.pid):
+                time.sleep(0.05)
+                continue
+            break
+        else:
+            continue
+        break
+    try:
+        proc.wait(timeout=grace_s)
+    except Exception:  # noqa: BLE001 - best effort; the process is SIGKILLed already
+        pass

@@ -1,0 +1,1 @@
+"""What the Spark estimators share: where their data and checkpoints live."""

@@ -1,0 +1,84 @@
+"""``TorchModel``: the Spark Transformer a ``TorchEstimator`` returns."""
+from pyspark.ml import Model
+
+from hora.spark.torch.columns import as_array_columns
+
+
+class TorchModel(Model):
+    """Adds the model's predictions to a DataFrame: ``transform(df)`` runs the
+    trained model on ``feature_cols`` and adds one column per output,
+    ``output_cols`` (default ``<label>__output``, as Horovod names them): a
+    double for one value per row, an array of doubles otherwise."""
+
+    def __init__(self, model=None, feature_cols=None, label_cols=None, input_shapes=None,
+                 output_cols=None, history=None, run_id=None):
+        super().__init__()
+        self.model = model
+        self.feature_cols = list(feature_cols or [])
+        self.label_cols = list(label_cols or [])
+        self.input_shapes = input_shapes
+        self.output_cols = list(output_cols or [f"{name}__output" for name in self.label_cols])
+        self.history = history or []
+        self.run_id = run_id
+
+    def getModel(self):  # noqa: N802 - Horovod's name
+        return self.model
+
+    def getHistory(self):  # noqa: N802 - Horovod's name
+        return self.history
+
+    def _predict_function(self):
+        from hora.cluster import channel
+        payload = channel.dumps((self.model, self.feature_cols, self.input_shapes,
+                                 self.output_cols))
+
+        def predict(batches):
+            import numpy as np
+            import torch
+
+            from hora.spark.torch.columns import pandas_to_numpy, to_input
+            model, features, shapes, outputs = channel.loads(payload)
+            model.eval()
+            shapes = shapes or [None] * len(features)
+            for frame in batches:
+                inputs = [to_input(pandas_to_numpy(frame[name]), shape)
+                          for name, shape in zip(features, shapes)]
+                with torch.no_grad():
+                    result = model(*inputs) if len(frame) else None
+                values = result if isinstance(result, (tuple, list)) else [result]
+                for name, value in zip(outputs, values):
+                    if value is None:
+                        frame[name] = []
+                        continue
+                    array = value.detach().double().numpy().reshape(len(frame), -1)
+                    frame[name] = array[:, 0] if array.shape[1] == 1 else list(array)
+                yield frame
+        return predict
+
+    def _output_types(self, sample):
+        """Double or array-of-double per output, from one row's prediction."""
+        import torch
+        from pyspark.sql.types import ArrayType, DoubleType
+
+        from hora.spark.torch.columns import pandas_to_numpy, to_input
+        shapes = self.input_shapes or [None] * len(self.feature_cols)
+        inputs = [to_input(pandas_to_numpy(sample[name]), shape)
+                  for name, shape in zip(self.feature_cols, shapes)]
+        self.model.eval()
+        with torch.no_grad():
+            result = self.model(*inputs)
+        values = result if isinstance(result, (tuple, list)) else [result]
+        return [DoubleType() if value.reshape(1, -1).shape[1] == 1 else ArrayType(DoubleType())
+                for value in values]
+
+    def _transform(self, df):
+        from pyspark.sql.types import StructField, StructType
+        ready = as_array_columns(df, self.feature_cols)
+        sample = ready.select(*self.feature_cols).limit(1).toPandas()
+        if len(sample) == 0:
+            raise ValueError("TorchModel.transform: the DataFrame is empty")
+        types = self._output_types(sample)
+        schema = StructType(list(ready.schema.fields) +
+                            [StructField(name, kind) for name, kind in zip(self.output_cols,
+                                                                           types)])
+        return ready.mapInPandas(self._predict_function(), schema)
