@@ -13,7 +13,7 @@ from cluster_procs import ancestors_cmdlines, assert_no_job_processes
 
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Java is not installed: Spark needs a JVM", allow_module_level=True)
-pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install hora[spark])")
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install hora[spark])")
 import cloudpickle  # noqa: E402
 
 import cluster_procs  # noqa: E402
@@ -202,3 +202,21 @@ def test_estimator_names_a_missing_column(spark, tmp_path):
                                label_cols=["y"], store=LocalStore(str(tmp_path)))
     with pytest.raises(ValueError, match=r"feature_cols \['features'\] are not columns"):
         estimator.fit(df)
+
+
+def test_digits_example_trains_with_the_estimator():
+    import pathlib
+    import re
+    import subprocess
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "examples" / "spark" /
+                                               "train_digits_spark.py"), "--epochs", "3"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600, cwd=root,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert done.returncode == 0, done.stdout[-5000:]
+    accuracy = re.search(r"test accuracy: ([0-9.]+)", done.stdout)
+    assert accuracy and float(accuracy.group(1)) > 0.85, done.stdout[-5000:]
+    assert "epoch 3/3: loss" in done.stdout

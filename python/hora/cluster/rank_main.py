@@ -10,7 +10,6 @@ says stop. A function that raises is reported to its caller and then ends
 the whole job: the other ranks may already wait in a collective for this
 one, and MPI offers no way to take part of a job back.
 """
-import os
 import socket
 import sys
 import time

@@ -24,21 +24,27 @@ class LocalStore:
         self.save_runs = save_runs
 
     def get_train_data_path(self, idx=None):
+        """Where fit() writes the training data (``.idx`` appended if given)."""
         return self._train_path if idx is None else f"{self._train_path}.{idx}"
 
     def get_runs_path(self):
+        """The directory holding one directory per run."""
         return self._runs_path
 
     def get_run_path(self, run_id):
+        """The directory of one run."""
         return os.path.join(self._runs_path, run_id)
 
     def get_checkpoint_path(self, run_id):
+        """The trained model's state dict, as ``torch.save`` wrote it."""
         return os.path.join(self.get_run_path(run_id), "checkpoint.pt")
 
     def exists(self, path):
+        """Whether ``path`` exists in the store."""
         return os.path.exists(path)
 
     def remove(self, path):
+        """Delete a file or a whole directory of the store."""
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):

@@ -22,9 +22,12 @@ class TorchModel(Model):
         self.run_id = run_id
 
     def getModel(self):  # noqa: N802 - Horovod's name
+        """The trained ``torch.nn.Module``."""
         return self.model
 
     def getHistory(self):  # noqa: N802 - Horovod's name
+        """One dict per epoch: ``epoch``, ``loss`` (mean over the ranks) and
+        ``rows_per_s``."""
         return self.history
 
     def _predict_function(self):
@@ -33,7 +36,6 @@ class TorchModel(Model):
                                  self.output_cols))
 
         def predict(batches):
-            import numpy as np
             import torch
 
             from hora.spark.torch.columns import pandas_to_numpy, to_input
