@@ -76,8 +76,9 @@ def test_run_returns_every_rank_result_in_rank_order(spark, num_proc):
 
 def test_num_proc_defaults_to_the_default_parallelism_and_kwargs_arrive(spark):
     def fn(a, b=0):
-        return (int(os.environ["HORA_RANK"]), a + b, os.environ.get("HORA_TEST_VALUE"))
-    results = hora.spark.run(fn, args=(1,), kwargs={"b": 2}, env={"HORA_TEST_VALUE": "x"},
+        return (int(os.environ["HORA_RANK"]), a + b, os.environ.get("TEST_VALUE_FOR_RANKS"))
+    # a name horarun would not pass on by itself
+    results = hora.spark.run(fn, args=(1,), kwargs={"b": 2}, env={"TEST_VALUE_FOR_RANKS": "x"},
                              verbose=0)
     assert results == [(rank, 3, "x") for rank in range(spark.sparkContext.defaultParallelism)]
 
@@ -179,7 +180,7 @@ def test_torch_estimator_trains_on_a_dataframe_and_transforms_it(spark, tmp_path
     assert [h["epoch"] for h in history] == [1, 2, 3, 4]
     assert history[-1]["loss"] < history[0]["loss"] / 3
     assert os.path.exists(store.get_checkpoint_path("digits"))
-    assert store.parquet_files(store.get_train_data_path())
+    assert store.parquet_files(store.get_train_data_path("digits"))
     progress = capfd.readouterr()
     assert "epoch 4/4: loss" in progress.out and "rows/s" in progress.out
     predicted = trained.transform(df).toPandas()

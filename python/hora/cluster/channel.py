@@ -47,14 +47,25 @@ def listen(key):
     return Listener(("0.0.0.0", 0), family="AF_INET", authkey=key, backlog=128)
 
 
+def close_listener(listener):
+    """Close ``listener`` and wake the thread blocked in its accept() (on
+    Linux, closing the socket alone leaves that thread waiting)."""
+    port = listener.address[1]
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        pass
+    listener.close()
+
+
 def connect(address, key):
     return Client(tuple(address), family="AF_INET", authkey=key)
 
 
 def local_address(preferred=None, env=None):
-    """The address other machines reach this one at: ``preferred`` (what the
-    engine already uses, such as ``spark.driver.host``), else
-    HORA_CLUSTER_DRIVER_HOST, else the address of the interface that carries
+    """The address other machines reach this one at: HORA_CLUSTER_DRIVER_HOST,
+    else ``preferred`` (what the engine already uses, such as
+    ``spark.driver.host``), else the address of the interface that carries
     the default route, else what the host name resolves to."""
     env = os.environ if env is None else env
     if env.get(DRIVER_HOST_ENV):

@@ -66,10 +66,13 @@ class DriverService:
             try:
                 conn = self._listener.accept()
                 peer = self._listener.last_accepted
-            except OSError:
-                return
-            except Exception:  # noqa: BLE001 - a failed handshake must not end the service
+            except Exception:  # noqa: BLE001 - closed, or a peer that failed the handshake
+                if self._closed:
+                    return
                 continue
+            if self._closed:
+                conn.close()
+                return
             threading.Thread(target=self._serve, args=(conn, peer[0]), daemon=True).start()
 
     def _serve(self, conn, peer_ip):
@@ -176,4 +179,4 @@ class DriverService:
         self.release_tasks()
         if not self._closed:
             self._closed = True
-            self._listener.close()
+            channel.close_listener(self._listener)

@@ -61,8 +61,8 @@ def _agent_options(agent):
         raise JobError(f"hora.spark and hora.ray start their ranks through Open MPI's launcher; "
                        f"hora was built with {describe_version(text)}")
     if describe_version(text).startswith("Open MPI 4"):
-        return ["--mca", "plm_rsh_agent", agent]
-    return ["--prtemca", "plm_ssh_agent", agent]
+        return ["--mca", "plm_rsh_agent", agent], "--mca"
+    return ["--prtemca", "plm_ssh_agent", agent], "--prtemca"
 
 
 def _write_agent(directory):
@@ -80,18 +80,21 @@ class MpiJob:
                  stdout=None, stderr=None, verbose=1, start_timeout=60.0, log=print):
         self._scratch = tempfile.TemporaryDirectory(prefix="hora-cluster-")
         agent = _write_agent(self._scratch.name)
-        mpi_args = _agent_options(agent)
+        mpi_args, launcher_option = _agent_options(agent)
         if nics:
             nics = ",".join(nics) if not isinstance(nics, str) else nics
             mpi_args += ["--mca", "btl_tcp_if_include", nics,
-                         "--prtemca", "oob_tcp_if_include", nics]
+                         launcher_option, "oob_tcp_if_include", nics]
         if extra_mpi_args:
             mpi_args += (shlex.split(extra_mpi_args) if isinstance(extra_mpi_args, str)
                          else list(extra_mpi_args))
         num_proc = sum(len(group.tasks) for group in groups)
         host_string = ",".join(f"{group.alias}:{len(group.tasks)}" for group in groups)
+        # the ranks are started by daemons inside the tasks: what they must
+        # see of the driver's environment is passed by name (-x)
+        forwarded = [arg for name in sorted(env or {}) for arg in ("-x", str(name))]
         self.command = [sys.executable, "-m", "hora.runner", "-np", str(num_proc),
-                        "-H", host_string, "--binding-args", "--bind-to none",
+                        "-H", host_string, "--binding-args", "--bind-to none", *forwarded,
                         "--mpi-args", shlex.join(mpi_args),
                         "--start-timeout", f"{start_timeout:g}",
                         "--", sys.executable, "-m", "hora.cluster.rank_main", mode]

@@ -74,7 +74,11 @@ def serve(rank, hostname, driver, key):
             try:
                 request = actor.recv()
             except (EOFError, OSError):
-                return 0  # the actor is gone: the executor is shutting down
+                # the actor is gone without saying stop: it died, and the
+                # job cannot go on without this rank
+                print(f"hora: rank {rank}: its Ray actor is gone; ending the job",
+                      file=sys.stderr, flush=True)
+                return 1
             if request[0] == "stop":
                 actor.send(("ok", channel.dumps(None)))
                 return 0

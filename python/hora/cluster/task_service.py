@@ -28,10 +28,13 @@ class TaskService:
         while True:
             try:
                 conn = self._listener.accept()
-            except OSError:
-                return  # closed by shutdown
-            except Exception:  # noqa: BLE001 - a bad handshake must not end the service
+            except Exception:  # noqa: BLE001 - closed, or a peer that failed the handshake
+                if self._closed:
+                    return
                 continue
+            if self._closed:
+                conn.close()
+                return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn):
@@ -100,7 +103,7 @@ class TaskService:
         for proc in procs:
             if proc.poll() is None:
                 processes.kill_tree(proc)
-        self._listener.close()
+        channel.close_listener(self._listener)
 
 
 def serve(index, driver_address, key, hostname=None):

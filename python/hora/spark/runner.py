@@ -110,6 +110,7 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, s
     driver.set_job(channel.dumps((fn, tuple(args), dict(kwargs))))
     spark_job = _SparkJob(sc, num_proc, driver)
     job = None
+    succeeded = False
     started = time.monotonic()
     try:
         reason = driver.wait_for_tasks(num_proc, start_timeout, abandoned=spark_job.failure)
@@ -153,14 +154,15 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, s
             raise JobError(f"hora.spark.run: the MPI job ended with exit code {code} before "
                            f"ranks {missing} returned a result; its last output:\n{job.tail()}")
         values = [channel.loads(results[rank].payload) for rank in range(num_proc)]
+        succeeded = True
         log(f"hora.spark.run: {num_proc} ranks done in {time.monotonic() - started:.1f} s")
         return values
     finally:
         if job is not None:
             job.stop()
         driver.release_tasks()
-        if not spark_job.done.wait(TASK_EXIT_S if spark_job.error is None else 0):
-            spark_job.cancel()
-        if not spark_job.done.is_set() or spark_job.error is not None:
+        # after a success the tasks return by themselves; after a failure
+        # (tasks still waiting for slots, say) the Spark job is cancelled
+        if not (succeeded and spark_job.done.wait(TASK_EXIT_S)):
             spark_job.cancel()
         driver.close()

@@ -23,8 +23,8 @@ class TorchEstimator(Estimator):
     float32 batch reshaped to ``input_shapes[i]`` when given (-1 for the
     batch); ``loss(output, label)`` gets the label column (integer columns
     as int64 class indices, others as float32; a list when there are
-    several label columns). The optimizer is rebuilt on every rank from its
-    class, its defaults and its state.
+    several label columns). The optimizer travels to the ranks together with
+    the model, parameter groups and state included.
     """
 
     def __init__(self, num_proc=None, model=None, optimizer=None, loss=None, feature_cols=None,
@@ -78,7 +78,7 @@ class TorchEstimator(Estimator):
         sc = df.sparkSession.sparkContext
         num_proc = self.num_proc or sc.defaultParallelism
         run_id = self.run_id or f"torch-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        path = self.store.get_train_data_path()
+        path = self.store.get_train_data_path(run_id)
         started = time.monotonic()
         columns = self.feature_cols + self.label_cols
         data = as_array_columns(df.select(*columns), columns)
@@ -89,9 +89,7 @@ class TorchEstimator(Estimator):
                   f"in {time.monotonic() - started:.1f} s; training on {num_proc} ranks",
                   file=sys.stderr, flush=True)
         spec = {
-            "model": self.model, "optimizer_cls": type(self.optimizer),
-            "optimizer_defaults": dict(self.optimizer.defaults),
-            "optimizer_state": self.optimizer.state_dict(), "loss": self.loss,
+            "model": self.model, "optimizer": self.optimizer, "loss": self.loss,
             "feature_cols": self.feature_cols, "label_cols": self.label_cols,
             "batch_size": self.batch_size, "epochs": self.epochs, "files": files,
             "input_shapes": self.input_shapes, "shuffle": self.shuffle,

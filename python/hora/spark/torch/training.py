@@ -27,10 +27,9 @@ def train(spec):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(spec["seed"])
-    model = spec["model"]
-    optimizer = spec["optimizer_cls"](model.parameters(), **spec["optimizer_defaults"])
-    if spec["optimizer_state"] is not None:
-        optimizer.load_state_dict(spec["optimizer_state"])
+    # model and optimizer were pickled together, so the optimizer's
+    # parameter groups still hold this model's parameters
+    model, optimizer = spec["model"], spec["optimizer"]
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
