@@ -2,6 +2,7 @@
 which failure is reported, the store's layout and the ssh agent's refusal."""
 import subprocess
 import sys
+import time
 
 from hora.cluster.driver_service import Task, group_hosts
 from hora.cluster.job import root_cause_order
@@ -42,3 +43,35 @@ def test_ssh_agent_outside_a_job_says_what_is_missing():
                           env={"PATH": "/usr/bin:/bin"})
     assert done.returncode != 0
     assert "HORA_CLUSTER_KEY is not set" in done.stderr
+
+
+def test_a_silent_peer_holds_up_no_one_and_a_wrong_key_is_refused():
+    import socket
+    import threading
+    from multiprocessing import AuthenticationError
+
+    import pytest
+
+    from hora.cluster import channel
+    key = channel.new_key()
+
+    def echo(conn, peer_ip):
+        with conn:
+            conn.send((conn.recv(), peer_ip))
+
+    before = threading.active_count()
+    server = channel.Server(key, echo)
+    silent = socket.create_connection(("127.0.0.1", server.port))  # connects, never speaks
+    with channel.connect(("127.0.0.1", server.port), key) as conn:
+        conn.send("ping")
+        assert conn.recv() == ("ping", "127.0.0.1")
+    with pytest.raises((AuthenticationError, EOFError, OSError)):
+        with channel.connect(("127.0.0.1", server.port), channel.new_key()) as conn:
+            conn.send("ping")
+            conn.recv()
+    silent.close()
+    server.close()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before, "the server's threads outlived close()"

@@ -8,7 +8,8 @@ work as they do with Spark and Ray.
 import os
 import secrets
 import socket
-from multiprocessing.connection import Client, Listener
+import threading
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
 KEY_ENV = "HORA_CLUSTER_KEY"
 DRIVER_ENV = "HORA_CLUSTER_DRIVER"
@@ -42,20 +43,57 @@ def format_address(address):
     return f"{address[0]}:{address[1]}"
 
 
-def listen(key):
-    """A listener on every interface, on a free port."""
-    return Listener(("0.0.0.0", 0), family="AF_INET", authkey=key, backlog=128)
+class Server:
+    """Accepts authenticated connections on every interface, on a free port,
+    and calls ``handler(conn, peer_ip)`` for each in a thread of its own.
+    The handshake also runs in that thread, so a peer that connects and
+    never speaks holds up no one else."""
 
+    def __init__(self, key, handler):
+        self._key = key
+        self._handler = handler
+        self._closed = False
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("0.0.0.0", 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept_loop, name="hora-cluster-server",
+                         daemon=True).start()
 
-def close_listener(listener):
-    """Close ``listener`` and wake the thread blocked in its accept() (on
-    Linux, closing the socket alone leaves that thread waiting)."""
-    port = listener.address[1]
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        pass
-    listener.close()
+    def _accept_loop(self):
+        while True:
+            try:
+                sock, peer = self._sock.accept()
+            except OSError:
+                if self._closed:
+                    return
+                continue
+            if self._closed:
+                sock.close()
+                return
+            threading.Thread(target=self._greet, args=(sock, peer[0]), daemon=True).start()
+
+    def _greet(self, sock, peer_ip):
+        conn = Connection(sock.detach())
+        try:
+            deliver_challenge(conn, self._key)
+            answer_challenge(conn, self._key)
+        except Exception:  # noqa: BLE001 - not one of ours: drop it
+            conn.close()
+            return
+        self._handler(conn, peer_ip)
+
+    def close(self):
+        """Stop accepting (this wakes the accept thread on Linux)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
 
 
 def connect(address, key):

@@ -47,8 +47,8 @@ def group_hosts(tasks):
 class DriverService:
     def __init__(self, key, host):
         self.key = key
-        self._listener = channel.listen(key)
-        self.address = (host, self._listener.address[1])
+        self._server = channel.Server(key, self._serve)
+        self.address = (host, self._server.port)
         self._cond = threading.Condition()
         self._tasks = {}
         self._groups = {}
@@ -56,25 +56,8 @@ class DriverService:
         self._results = {}
         self._rank_addresses = {}
         self._released = None
-        self._closed = False
-        threading.Thread(target=self._accept_loop, name="hora-driver-service",
-                         daemon=True).start()
 
     # -- the network side --------------------------------------------------
-    def _accept_loop(self):
-        while True:
-            try:
-                conn = self._listener.accept()
-                peer = self._listener.last_accepted
-            except Exception:  # noqa: BLE001 - closed, or a peer that failed the handshake
-                if self._closed:
-                    return
-                continue
-            if self._closed:
-                conn.close()
-                return
-            threading.Thread(target=self._serve, args=(conn, peer[0]), daemon=True).start()
-
     def _serve(self, conn, peer_ip):
         with conn:
             try:
@@ -177,6 +160,4 @@ class DriverService:
 
     def close(self):
         self.release_tasks()
-        if not self._closed:
-            self._closed = True
-            channel.close_listener(self._listener)
+        self._server.close()

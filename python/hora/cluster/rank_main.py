@@ -10,6 +10,7 @@ says stop. A function that raises is reported to its caller and then ends
 the whole job: the other ranks may already wait in a collective for this
 one, and MPI offers no way to take part of a job back.
 """
+import queue
 import socket
 import sys
 import time
@@ -63,12 +64,13 @@ def serve(rank, hostname, driver, key):
             executable = executable_cls(*executable_args, **executable_kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported at the first call
             startup_error = _describe_failure(exc)
-    listener = channel.listen(key)
+    arrived = queue.Queue()
+    server = channel.Server(key, lambda conn, _peer_ip: arrived.put(conn))
     with channel.connect(driver, key) as conn:
-        conn.send(("rank_ready", rank, hostname, listener.address[1]))
+        conn.send(("rank_ready", rank, hostname, server.port))
         conn.recv()
-    actor = listener.accept()
-    listener.close()
+    actor = arrived.get()
+    server.close()
     with actor:
         while True:
             try:

@@ -16,28 +16,13 @@ class TaskService:
 
     def __init__(self, key):
         self._key = key
-        self._listener = channel.listen(key)
-        self.port = self._listener.address[1]
         self._procs = set()
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._accept_loop, name="hora-task-service",
-                         daemon=True).start()
+        self._server = channel.Server(key, self._serve)
+        self.port = self._server.port
 
-    def _accept_loop(self):
-        while True:
-            try:
-                conn = self._listener.accept()
-            except Exception:  # noqa: BLE001 - closed, or a peer that failed the handshake
-                if self._closed:
-                    return
-                continue
-            if self._closed:
-                conn.close()
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn):
+    def _serve(self, conn, _peer_ip):
         with conn:
             try:
                 request = conn.recv()
@@ -103,7 +88,7 @@ class TaskService:
         for proc in procs:
             if proc.poll() is None:
                 processes.kill_tree(proc)
-        channel.close_listener(self._listener)
+        self._server.close()
 
 
 def serve(index, driver_address, key, hostname=None):
