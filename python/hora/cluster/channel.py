@@ -20,22 +20,21 @@ def new_key():
     return secrets.token_bytes(32)
 
 
-def key_from_env(env=None):
+def _required(name, env):
     env = os.environ if env is None else env
-    text = env.get(KEY_ENV)
+    text = env.get(name)
     if not text:
-        raise RuntimeError(f"{KEY_ENV} is not set: this process was not started by "
+        raise RuntimeError(f"{name} is not set: this process was not started by "
                            "hora.spark or hora.ray")
-    return bytes.fromhex(text)
+    return text
+
+
+def key_from_env(env=None):
+    return bytes.fromhex(_required(KEY_ENV, env))
 
 
 def driver_from_env(env=None):
-    env = os.environ if env is None else env
-    text = env.get(DRIVER_ENV)
-    if not text:
-        raise RuntimeError(f"{DRIVER_ENV} is not set: this process was not started by "
-                           "hora.spark or hora.ray")
-    host, _, port = text.rpartition(":")
+    host, _, port = _required(DRIVER_ENV, env).rpartition(":")
     return host, int(port)
 
 

@@ -115,16 +115,7 @@ class DriverService:
         """Wait until ``count`` tasks have registered. Returns None when they
         have; otherwise the reason: "timeout", or what ``abandoned()``
         returned (a message: the engine gave up on the tasks)."""
-        deadline = None if not timeout else time.monotonic() + timeout
-        with self._cond:
-            while len(self._tasks) < count:
-                reason = abandoned()
-                if reason:
-                    return reason
-                if deadline is not None and time.monotonic() >= deadline:
-                    return "timeout"
-                self._cond.wait(0.2)
-        return None
+        return self._wait_for(self._tasks, count, timeout, abandoned)
 
     def set_hosts(self, groups):
         with self._cond:
@@ -139,17 +130,26 @@ class DriverService:
         with self._cond:
             return dict(self._results)
 
-    def wait_for_rank_addresses(self, count, timeout, stopped=lambda: None):
-        deadline = time.monotonic() + timeout
+    def rank_addresses(self):
+        """{rank: (hostname, (ip, port))} of the serving ranks (Ray)."""
         with self._cond:
-            while len(self._rank_addresses) < count:
-                reason = stopped()
+            return dict(self._rank_addresses)
+
+    def wait_for_rank_addresses(self, count, timeout, stopped=lambda: None):
+        """As wait_for_tasks, for ``count`` serving ranks."""
+        return self._wait_for(self._rank_addresses, count, timeout, stopped)
+
+    def _wait_for(self, registry, count, timeout, abandoned):
+        deadline = None if not timeout else time.monotonic() + timeout
+        with self._cond:
+            while len(registry) < count:
+                reason = abandoned()
                 if reason:
                     return reason
-                if time.monotonic() >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     return "timeout"
                 self._cond.wait(0.2)
-            return dict(self._rank_addresses)
+        return None
 
     def release_tasks(self, word=("finish",)):
         """Let every registered task (and any that registers later) end."""

@@ -1,22 +1,7 @@
-"""Starting the MPI daemon inside a task, and making sure nothing it started
-outlives the task."""
-import ctypes
+"""Making sure nothing a task started outlives it."""
 import os
 import signal
 import time
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent():
-    """preexec_fn: the child gets SIGKILL when the thread that started it
-    ends (on Linux), so a task killed by its engine takes its daemon along."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
 
 def _children_map():
     children = {}

@@ -27,36 +27,36 @@ def _describe_failure(exc):
             time.time())
 
 
-def _send_result(driver, rank, hostname, ok, payload, error_type="", failed_at=0.0):
-    with channel.connect(driver, channel.key_from_env()) as conn:
+def _send_result(driver, key, rank, hostname, ok, payload, error_type="", failed_at=0.0):
+    with channel.connect(driver, key) as conn:
         conn.send(("result", rank, hostname, ok, payload, error_type, failed_at))
         conn.recv()
 
 
-def run_once(rank, hostname, driver, key):
+def _fetch_job(rank, driver, key):
+    """What the driver set for the ranks to run, unpickled."""
     with channel.connect(driver, key) as conn:
         conn.send(("job", rank))
         reply = conn.recv()
     if reply[0] != "ok":
         raise RuntimeError(f"rank {rank}: {reply[1]}")
+    return channel.loads(reply[1])
+
+
+def run_once(rank, hostname, driver, key):
     try:
-        fn, args, kwargs = channel.loads(reply[1])
+        fn, args, kwargs = _fetch_job(rank, driver, key)
         result = channel.dumps(fn(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
         error_type, text, failed_at = _describe_failure(exc)
-        _send_result(driver, rank, hostname, False, text, error_type, failed_at)
+        _send_result(driver, key, rank, hostname, False, text, error_type, failed_at)
         return 1
-    _send_result(driver, rank, hostname, True, result)
+    _send_result(driver, key, rank, hostname, True, result)
     return 0
 
 
 def serve(rank, hostname, driver, key):
-    with channel.connect(driver, key) as conn:
-        conn.send(("job", rank))
-        reply = conn.recv()
-    if reply[0] != "ok":
-        raise RuntimeError(f"rank {rank}: {reply[1]}")
-    executable_cls, executable_args, executable_kwargs = channel.loads(reply[1])
+    executable_cls, executable_args, executable_kwargs = _fetch_job(rank, driver, key)
     executable = None
     startup_error = None
     if executable_cls is not None:

@@ -7,6 +7,7 @@ import sys
 import threading
 
 from hora.cluster import channel, processes
+from hora.runner.rank_exec import die_with_parent
 
 
 class TaskService:
@@ -40,7 +41,7 @@ class TaskService:
                 return
             proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    preexec_fn=processes.die_with_parent)
+                                    preexec_fn=die_with_parent)
             self._procs.add(proc)
         send_lock = threading.Lock()
         agent_gone = threading.Event()

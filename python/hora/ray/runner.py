@@ -142,13 +142,13 @@ class RayExecutor:
                                extra_mpi_args=self.settings.extra_mpi_args,
                                nics=self.settings.nics, verbose=self.settings.verbose,
                                start_timeout=max(60.0, self.settings.timeout_s), log=self._log)
-            addresses = self._driver.wait_for_rank_addresses(
+            reason = self._driver.wait_for_rank_addresses(
                 self.num_workers, self.settings.timeout_s,
-                stopped=lambda: None if self._job.poll() is None else "stopped")
-            if isinstance(addresses, str):
-                raise JobError(f"RayExecutor: the ranks did not all start ("
-                               f"{'the MPI job ended' if addresses == 'stopped' else 'timeout'}"
-                               f"); its last output:\n{self._job.tail()}")
+                stopped=lambda: None if self._job.poll() is None else "the MPI job ended")
+            if reason:
+                raise JobError(f"RayExecutor: the ranks did not all start ({reason}); "
+                               f"the job's last output:\n{self._job.tail()}")
+            addresses = self._driver.rank_addresses()
             self.workers = self._match_ranks(groups, addresses)
             ray.get([worker.attach.remote(rank, addresses[rank][1], key)
                      for rank, worker in enumerate(self.workers)])

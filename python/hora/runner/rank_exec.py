@@ -139,9 +139,10 @@ def host_name(env=None):
     return env.get("PMIX_HOSTNAME") or env.get("HORA_HOSTNAME") or socket.gethostname()
 
 
-def _die_with_parent():
-    # Runs in the child between fork and exec: if this wrapper dies (even by
-    # SIGKILL), the kernel kills the command too, so no rank is orphaned.
+def die_with_parent():
+    """preexec_fn: runs in the child between fork and exec. When the thread
+    that started the child dies (even by SIGKILL), the kernel kills the
+    child too (Linux), so nothing is orphaned."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
@@ -215,7 +216,7 @@ def main(argv=None):
 
     parent = os.getppid()
     try:
-        child = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=die_with_parent)
     except OSError as exc:
         _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
         # The shell's conventions: 127 for not found, 126 for not runnable.
