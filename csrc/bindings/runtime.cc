@@ -82,6 +82,14 @@ void RegisterRuntime(py::module_& m) {
     return sets;
   });
   m.def("dynamic_process_sets", [] { return CurrentEngine()->config().dynamic_process_sets; });
+  // Also before init (an optimizer may be wrapped first): then read now.
+  m.def("gradient_bucket_bytes", [] {
+    if (runtime::IsInitialized()) return CurrentEngine()->config().gradient_bucket_bytes;
+    Config config;
+    Status status = Config::FromEnvironment(&config);
+    if (!status.ok()) ThrowStatus(status);
+    return config.gradient_bucket_bytes;
+  });
   m.def("add_process_set", [](const std::vector<int>& ranks) {
     std::shared_ptr<Engine> engine = CurrentEngine();
     std::shared_ptr<Work> work;

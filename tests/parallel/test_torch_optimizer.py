@@ -68,6 +68,8 @@ CONFIGS = {
     "sgd_predivide": ("sgd_momentum", {"gradient_predivide_factor": 2.0}),
     "adam_unnamed": ("adam", {"named": False}),
     "sgd_sum": ("sgd_momentum", {"op": "sum"}),
+    "sgd_per_gradient": ("sgd_momentum", {"bucket_bytes": 0}),
+    "adam_small_buckets": ("adam", {"bucket_bytes": 100}),  # buckets of one and of two
 }
 
 

@@ -164,3 +164,48 @@ def test_tensorflow_groups_every_present_gradient_as_horovod_does():
     assert reducer.units(grads, variables) == [[0, 4], [1], [2]]
     with pytest.raises(ValueError, match=re.escape("need the variables")):
         reducer.units(grads)
+
+
+MIB = 1 << 20
+
+
+def test_buckets_walk_backwards_with_a_small_first_bucket():
+    from hora.common.gradient_policy import bucket_units
+    half = [MIB // 2] * 6
+    assert bucket_units(half, ["f"] * 6, 2 * MIB) == [[5, 4], [3, 2, 1, 0]]
+    assert bucket_units(half, ["f"] * 6, 0) == [[i] for i in range(6)]
+    # a gradient larger than a bucket is a bucket of its own
+    assert bucket_units([100, 3 * MIB, 100], ["f"] * 3, MIB) == [[2], [1], [0]]
+    # buckets smaller than the first bucket's cap keep their own size
+    assert bucket_units([40] * 5, ["f"] * 5, 100) == [[4, 3], [2, 1], [0]]
+
+
+def test_buckets_hold_one_kind_of_gradient():
+    from hora.common.gradient_policy import bucket_units
+    kinds = ["float32", "float64", "float32", "float64", "float32"]
+    assert bucket_units([8] * 5, kinds, 16) == [[4, 2], [0], [3, 1]]
+
+
+def test_torch_optimizer_buckets_by_default_and_names_buckets_by_their_parameters():
+    torch = pytest.importorskip("torch")
+    import hora.torch as hvd_torch
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double(),
+                                torch.nn.Linear(2, 2))
+    params = list(model.parameters())
+    position = {id(p): i for i, p in enumerate(params)}
+
+    def units(optimizer):
+        return [[position[id(p)] for p in unit] for unit in optimizer._hora_units]
+
+    optimizer = hvd_torch.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
+                                               named_parameters=model.named_parameters())
+    assert units(optimizer) == [[5, 4, 1, 0], [3, 2]]
+    assert optimizer._hora_unit_names == ["allreduce.bucket.2.bias..0.weight.4",
+                                          "allreduce.bucket.1.bias..1.weight.2"]
+    alone = hvd_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           bucket_bytes=0)
+    assert units(alone) == [[i] for i in range(6)]
+    assert alone._hora_unit_names == [None] * 6
+    with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0, got -1"):
+        hvd_torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       bucket_bytes=-1)

@@ -174,6 +174,39 @@ def group_units(keys: Sequence[Hashable], groups: Groups) -> list[list[int]]:
     return units
 
 
+#: The first bucket's cap (or ``bucket_bytes`` when smaller): the last
+#: layers' gradients, ready first, go out while backward is still running.
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+def bucket_units(nbytes: Sequence[int], kinds: Sequence[Hashable],
+                 bucket_bytes: int) -> list[list[int]]:
+    """The default grouping: positions into the gradient list (given in the
+    model's order, ``nbytes`` and ``kinds`` one per gradient) packed into
+    buckets, walking from the last gradient to the first, the order a
+    backward pass produces them in. A bucket holds gradients of one kind
+    (dtype and device) and at most ``bucket_bytes`` (the first bucket of
+    each kind at most ``FIRST_BUCKET_BYTES``); a larger gradient is a bucket
+    of its own. Positions in a bucket are in that reversed order. The result
+    depends on the list alone, so every rank with the same model gets the
+    same buckets without communicating. ``bucket_bytes`` 0: one unit per
+    gradient, as Horovod reduces them."""
+    if bucket_bytes <= 0:
+        return [[i] for i in range(len(nbytes))]
+    units: list[list[int]] = []
+    open_units: dict[Hashable, tuple[list[int], int, int]] = {}  # kind -> members, bytes, cap
+    for i in reversed(range(len(nbytes))):
+        members, size, cap = open_units.get(kinds[i], ([], 0, min(bucket_bytes,
+                                                                    FIRST_BUCKET_BYTES)))
+        if members and size + nbytes[i] > cap:
+            units.append(members)
+            members, size, cap = [], 0, bucket_bytes
+        members.append(i)
+        open_units[kinds[i]] = (members, size + nbytes[i], cap)
+    units.extend(members for members, _, _ in open_units.values() if members)
+    return units
+
+
 @dataclass(frozen=True)
 class GradientPolicy:
     """The checked settings of a framework's gradient averaging."""

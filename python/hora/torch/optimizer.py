@@ -4,10 +4,14 @@
 ``type(opt)`` created on the fly, sharing ``opt``'s parameter groups, state
 and defaults, so it behaves like the optimizer it wraps (``param_groups``,
 ``state``, ``state_dict``/``load_state_dict``, ``add_param_group``, LR
-schedulers, ``isinstance`` checks). A hook on each parameter starts that
-gradient's allreduce as soon as autograd has accumulated it, so
+schedulers, ``isinstance`` checks). A hook on each parameter notes when
+autograd has accumulated its gradient. Gradients travel in buckets (see
+:func:`hora.common.gradient_policy.bucket_units`): a bucket's allreduce
+starts, as one grouped submission, as soon as its last gradient is ready, so
 communication overlaps the rest of the backward pass; ``step()`` waits for
-all of them and then runs the wrapped optimizer's update.
+all of them and then runs the wrapped optimizer's update. With
+``bucket_bytes=0`` (or ``HORA_GRADIENT_BUCKET_BYTES=0``) every gradient is
+reduced on its own under its parameter's name, as Horovod does.
 
 With ``process_set=`` the gradients are reduced among that set's ranks only
 (averaged over the set's size); on a rank outside the set no gradient is
@@ -27,9 +31,10 @@ import torch
 from hora.common._adapter.handles import wait_all
 from hora.common.basics import Adasum, ReduceOp
 from hora.common.compression import Compressor
-from hora.common.exceptions import HoraUsageError
+from hora.common.exceptions import HoraError, HoraUsageError
 from hora.common.gradient_policy import (
-    GradientPolicy, check_backward_passes, gradient_policy, group_units)
+    GradientPolicy, bucket_units, check_backward_passes, gradient_policy, group_units)
+from hora._loader import _C
 from hora.torch import mpi_ops
 from hora.torch._collectives import (
     ProcessSet, global_process_set, set_id, set_object, set_size)
@@ -45,7 +50,7 @@ class _DistributedOptimizer:
 
     # --- set-up ------------------------------------------------------------
 
-    def _hora_setup(self, names, units, unit_names, policy: GradientPolicy,
+    def _hora_setup(self, names, units, unit_names, buckets, policy: GradientPolicy,
                     backward_passes_per_step, sparse_as_dense, process_set):
         self._hora_compression = policy.compression
         # passed to every reduction: the global set costs one identity check
@@ -60,6 +65,7 @@ class _DistributedOptimizer:
         self._hora_names = {}       # parameter -> collective name
         self._hora_units = []       # lists of parameters reduced together
         self._hora_unit_names = []
+        self._hora_buckets = set()  # indices of units made by bucketing, not by groups=
         self._hora_unit_of = {}     # parameter -> index into _hora_units
         self._hora_delay = {}       # parameter -> backward passes left before reducing
         self._hora_ready = {}       # unit index -> parameters whose passes are done
@@ -69,6 +75,8 @@ class _DistributedOptimizer:
         self._hora_should_synchronize = True
         self._hora_names.update(names)
         for unit, unit_name in zip(units, unit_names):
+            if buckets:
+                self._hora_buckets.add(len(self._hora_units))
             self._hora_add_unit(unit, unit_name)
 
     def _hora_add_unit(self, params, unit_name):
@@ -111,14 +119,31 @@ class _DistributedOptimizer:
 
     def _hora_start(self, index):
         params = self._hora_units[index]
-        grouped = len(params) > 1 or self._hora_unit_names[index] is not None
-        was_sparse = set()
+        bucket = index in self._hora_buckets
+        entries = []
         for p in params:
             if p.grad is None:
                 # never produced on this rank (an unused parameter): other
                 # ranks may have it, so contribute zeros rather than hang
                 p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
-            elif p.grad.is_sparse and (self._hora_sparse_as_dense or grouped):
+        if bucket and not self._hora_sparse_as_dense:
+            # a bucket is hora's packing, not the user's groups: a sparse
+            # gradient in it is reduced on its own, as Horovod would
+            for p in [p for p in params if p.grad.is_sparse]:
+                entries.append(self._hora_start_one(index, [p], False))
+            params = [p for p in params if not p.grad.is_sparse]
+        if params:
+            grouped = len(params) > 1 or (self._hora_unit_names[index] is not None and not bucket)
+            entries.append(self._hora_start_one(index, params, grouped))
+        self._hora_pending[index] = entries
+
+    def _hora_start_one(self, index, params, grouped):
+        """Starts the reduction of ``params``' gradients: one grouped
+        allreduce, or one (sparse or dense) allreduce of a single gradient
+        under the parameter's name."""
+        was_sparse = set()
+        for p in params:
+            if p.grad.is_sparse and (self._hora_sparse_as_dense or grouped):
                 # reduced dense, handed back sparse (as Horovod does) for
                 # optimizers that need sparse gradients, e.g. SparseAdam
                 was_sparse.add(p)
@@ -128,8 +153,7 @@ class _DistributedOptimizer:
             handle = mpi_ops.sparse_allreduce_async(p.grad, name=self._hora_names[p],
                                                     op=self._hora_op,
                                                     process_set=self._hora_process_set)
-            self._hora_pending[index] = ("sparse", handle, [p], ())
-            return
+            return ("sparse", handle, [p], ())
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
         if grouped:
@@ -142,7 +166,27 @@ class _DistributedOptimizer:
                 tensors[0], name=self._hora_names[params[0]], op=self._hora_op,
                 prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale,
                 process_set=self._hora_process_set)
-        self._hora_pending[index] = ("dense", handle, list(zip(params, compressed)), was_sparse)
+        return ("dense", handle, list(zip(params, compressed)), was_sparse)
+
+    def _hora_name_bucket_member(self, error):
+        """``error`` with the parameter named where it names a member of a
+        gradient bucket (``'<bucket name>.<position>'``), which the user
+        never named themselves."""
+        message = str(error)
+        for index in self._hora_buckets:
+            name = self._hora_unit_names[index]
+            if name is None or f"'{name}." not in message:
+                continue
+            position = message.split(f"'{name}.", 1)[1].split("'", 1)[0]
+            params = self._hora_units[index]
+            dense = [p for p in params if not (p.grad is not None and p.grad.is_sparse)]
+            if position.isdigit() and int(position) < len(dense):
+                parameter = self._parameter_names.get(dense[int(position)], "?")
+                return type(error)(f"{message} (the gradient of parameter '{parameter}', in a "
+                                   f"bucket of {len(params)} gradients that "
+                                   f"DistributedOptimizer reduces together; bucket_bytes=0 "
+                                   f"reduces each on its own)")
+        return error
 
     def _hora_finish(self, entry, result):
         kind, _, members, was_sparse = entry
@@ -182,9 +226,12 @@ class _DistributedOptimizer:
         for index in range(len(self._hora_units)):
             if self._hora_pending.get(index) is None:
                 self._hora_start(index)
-        entries = [self._hora_pending[index] for index in range(len(self._hora_units))]
+        entries = [entry for index in range(len(self._hora_units))
+                   for entry in self._hora_pending[index]]
         try:
             results = wait_all([entry[1] for entry in entries])
+        except HoraError as error:
+            raise self._hora_name_bucket_member(error) from None
         finally:
             self._hora_pending.clear()
             self._hora_ready.clear()
@@ -300,12 +347,24 @@ def _parameter_names(optimizer, named_parameters):
     return {p: names[p] for p in params}
 
 
-def _split_units(params, groups, what):
+def _bucket_name(members, names):
+    """A bucket's collective name, from its parameters' names: distinct for
+    two optimizers over differently named parameters, as Horovod's
+    per-parameter names are."""
+    first, last = names[members[0]], names[members[-1]]
+    return f"allreduce.bucket.{first}..{last}.{len(members)}"
+
+
+def _split_units(params, groups, what, names=None, bucket_bytes=0):
     """Lists of parameters reduced together (as Horovod groups them, see
-    :mod:`hora.common.gradient_policy`), and each list's group name (None
-    for a parameter reduced on its own)."""
+    :mod:`hora.common.gradient_policy`, or without ``groups`` in buckets of
+    up to ``bucket_bytes``), and each list's name (None for a parameter
+    reduced on its own)."""
     if groups is None:
-        return [[p] for p in params], [None] * len(params)
+        units = bucket_units([p.numel() * p.element_size() for p in params],
+                             [(p.dtype, p.device) for p in params], bucket_bytes)
+        units = [[params[i] for i in unit] for unit in units]
+        return units, [_bucket_name(u, names) if len(u) > 1 else None for u in units]
     if not isinstance(groups, int):
         position = {id(p) for p in params}
         for k, group in enumerate(groups):
@@ -327,7 +386,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set, *,
+                         bucket_bytes: int | None = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -374,6 +434,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             optimizer with the same set: on ranks outside it nothing is
             reduced and ``step()`` applies the local gradients (Horovod's).
             Two sets may use the same parameter names at the same time.
+        bucket_bytes: (hora's, keyword only) without ``groups``, gradients
+            are handed over in buckets of up to this many bytes, walking the
+            parameters from last to first (the order backward produces
+            them; the first bucket at most 1 MiB), each bucket one grouped
+            allreduce started when its last gradient is ready. Default:
+            ``HORA_GRADIENT_BUCKET_BYTES`` (25 MiB). 0 reduces each gradient
+            on its own under ``allreduce.<parameter name>``, as Horovod
+            does. The averaged gradients are the same either way.
 
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
@@ -411,14 +479,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             if p.requires_grad and p not in seen:
                 seen.add(p)
                 params.append(p)
-    units, unit_names = _split_units(params, policy.groups, what)
+    if bucket_bytes is None:
+        bucket_bytes = _C.gradient_bucket_bytes()
+    elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+        raise ValueError(f"DistributedOptimizer: bucket_bytes must be an int >= 0, got "
+                         f"{bucket_bytes!r}")
+    hora_names = {p: f"allreduce.{name}" for p, name in names.items()}
+    units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
 
     member = process_set is global_process_set or bool(process_set.included())
     if policy.op == Adasum and member and set_size(process_set) > 1:
         return _adasum_optimizer(optimizer, names, policy, passes, process_set)
     wrapped = _rewrap(optimizer, _DistributedOptimizer, _CLASSES, names, process_set)
-    wrapped._hora_setup({p: f"allreduce.{name}" for p, name in names.items()}, units,
-                        unit_names, policy, passes, sparse_as_dense, process_set)
+    wrapped._hora_setup(hora_names, units, unit_names, policy.groups is None, policy, passes,
+                        sparse_as_dense, process_set)
     return wrapped
 
 

@@ -1,0 +1,150 @@
+"""The ways ``python -m hora.bench torch-synthetic`` trains one model: hora's
+DistributedOptimizer, the same step with no communication, PyTorch's
+DistributedDataParallel (gloo on CPU, NCCL on CUDA) and Horovod's
+DistributedOptimizer. Each owns a copy of the model (the same initial
+weights everywhere) and its optimizer, and exposes ``step()``."""
+
+import os
+
+import torch
+
+import hora.torch as hvd
+from hora.bench import train_models
+from hora.bench.implementations import _free_port
+
+
+class Variant:
+    """One way of training; ``reason`` is None when usable, else why not.
+    ``background`` variants keep a polling thread alive while initialized
+    and are measured in a phase of their own."""
+
+    name = ""
+    label = ""
+    reason = None
+    background = False
+    synchronized = True  # whether its ranks agree on the parameters
+
+    def __init__(self, setup):
+        self.setup = setup
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def _model(self, norm=None):
+        torch.manual_seed(0)
+        model = train_models.build(self.setup.model, norm)
+        model.load_state_dict(self.setup.initial_state)
+        return model.to(self.setup.device)
+
+    def _make_step(self, model, optimizer):
+        data, target = self.setup.data, self.setup.target
+
+        def step():
+            optimizer.zero_grad()
+            train_models.loss(model(data), target).backward()
+            optimizer.step()
+        self.model = model
+        self.step = step
+
+
+class Hora(Variant):
+    name, label = "hora", "hora DistributedOptimizer"
+    bucket_bytes = None  # HORA_GRADIENT_BUCKET_BYTES, 25 MiB by default
+
+    def __init__(self, setup):
+        super().__init__(setup)
+        args = setup.args
+        model = self._model(hvd.SyncBatchNorm if args.sync_batch_norm else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=setup.lr)
+        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression,
+            op=hvd.Average, groups=args.groups or None, bucket_bytes=self.bucket_bytes)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        self._make_step(model, optimizer)
+
+
+class HoraPerGradient(Hora):
+    """hora as before gradient buckets (and as Horovod reduces): one
+    allreduce per gradient, submitted from its hook."""
+
+    name, label = "hora_per_gradient", "hora, one allreduce per gradient (bucket_bytes=0)"
+    bucket_bytes = 0
+
+
+class ComputeOnly(Variant):
+    name, label = "compute_only", "compute only (no communication)"
+    synchronized = False
+
+    def __init__(self, setup):
+        super().__init__(setup)
+        model = self._model()
+        self._make_step(model, torch.optim.SGD(model.parameters(), lr=setup.lr))
+
+
+class Ddp(Variant):
+    """torch.nn.parallel.DistributedDataParallel with its defaults (25 MB
+    buckets, a 1 MB first bucket, rebuilt in ready order after the first
+    iteration), as a new user would write it."""
+
+    name, label = "ddp", "PyTorch DDP"
+
+    def __init__(self, setup):
+        super().__init__(setup)
+        import torch.distributed as dist
+        self.dist = dist
+        rank, size = hvd.rank(), hvd.size()
+        port = hvd.broadcast_object(_free_port() if rank == 0 else None, root_rank=0,
+                                    name="bench.ddp.port")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+        self.backend = "nccl" if setup.device.type == "cuda" else "gloo"
+        dist.init_process_group(self.backend, rank=rank, world_size=size)
+        model = self._model()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[setup.device.index] if setup.device.type == "cuda" else None)
+        if setup.args.fp16_allreduce:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        self.label = f"PyTorch DDP ({self.backend})"
+        self._make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=setup.lr))
+        self.model = model
+
+    def stop(self):
+        # joins gloo's threads before interpreter exit
+        self.dist.destroy_process_group()
+
+
+class Horovod(Variant):
+    name, label = "horovod", "Horovod DistributedOptimizer"
+    background = True
+
+    def __init__(self, setup):
+        super().__init__(setup)
+        try:
+            import horovod.torch as horovod
+        except ImportError:
+            self.reason = "horovod is not installed (bash scripts/install_horovod.sh builds it)"
+            return
+        self.horovod = horovod
+
+    def start(self):
+        horovod, args = self.horovod, self.setup.args
+        horovod.init()
+        model = self._model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=self.setup.lr)
+        compression = (horovod.Compression.fp16 if args.fp16_allreduce
+                       else horovod.Compression.none)
+        optimizer = horovod.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression,
+            op=horovod.Average, groups=args.groups or None)
+        self._make_step(model, optimizer)
+
+    def stop(self):
+        self.horovod.shutdown()
+
+
+KNOWN = {"ddp": Ddp, "horovod": Horovod, "hora_per_gradient": HoraPerGradient}
