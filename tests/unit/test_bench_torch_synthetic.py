@@ -37,25 +37,44 @@ def test_norm_layer_is_called_with_channel_counts():
     assert sorted(set(channels)) == [16, 32, 64]
 
 
+def test_transformer_has_many_small_and_two_large_gradients():
+    from hora.bench import train_models
+    model = train_models.build("transformer")
+    sizes = sorted(p.numel() for p in model.parameters())
+    assert len(sizes) == 54 and sum(sizes) == 7_378_432
+    assert sizes[-2:] == [8192 * 256, 8192 * 256]  # embedding and output projection
+    tokens, target = train_models.batch("transformer", 2, None, torch.Generator().manual_seed(0))
+    assert train_models.loss(model(tokens), target).item() > 0
+
+
 def test_two_rank_run_reports_consistent_numbers(tmp_path):
     out = tmp_path / "result.json"
+    plot = tmp_path / "result.png"
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
     job = subprocess.run(
         [sys.executable, "-m", "hora.runner", "-np", "2", sys.executable, "-m", "hora.bench",
          "torch-synthetic", "--batch-size", "4", "--num-warmup-batches", "1",
-         "--num-batches-per-iter", "2", "--num-iters", "2", "--fp16-allreduce",
-         "--json", str(out)],
+         "--num-batches-per-iter", "2", "--num-iters", "3", "--fp16-allreduce",
+         "--compare", "ddp,hora_per_gradient", "--json", str(out), "--plot", str(plot)],
         env=env, capture_output=True, text=True, timeout=300)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    assert "Scaling efficiency against 2 x one rank alone" in job.stdout
+    assert "hora's scaling efficiency against 2 x that" in job.stdout
     result = json.loads(out.read_text())
     assert (result["ranks"], result["batch_size"], result["fp16_allreduce"]) == (2, 4, True)
-    for variant in ("distributed", "compute_only"):
-        per_rank = result[variant]["per_rank_img_sec"]
-        assert len(per_rank) == 2 and all(rate > 0 for rate in per_rank)
-        assert result[variant]["total_img_sec"] == pytest.approx(sum(per_rank))
-    assert result["efficiency_vs_compute_only"] == pytest.approx(
-        result["distributed"]["total_img_sec"] / result["compute_only"]["total_img_sec"])
-    assert result["scaling_efficiency_vs_alone"] == pytest.approx(
-        result["distributed"]["total_img_sec"] / (2 * result["alone_img_sec"]))
+    variants = result["variants"]
+    assert set(variants) == {"hora", "compute_only", "ddp", "hora_per_gradient"}
+    for stats in variants.values():
+        assert len(stats["per_rank_median"]) == 2 and all(r > 0 for r in stats["per_rank_median"])
+        assert len(stats["per_iteration"]) == 3
+        assert stats["min"] <= stats["median"] <= stats["max"]
+    ratio = result["ratios"]["hora/ddp"]
+    per_iteration = [a / b for a, b in zip(variants["hora"]["per_iteration"],
+                                           variants["ddp"]["per_iteration"])]
+    assert ratio["min"] == pytest.approx(min(per_iteration))
+    assert ratio["max"] == pytest.approx(max(per_iteration))
+    assert result["scaling_vs_alone"] == pytest.approx(
+        variants["hora"]["median"] / (2 * result["alone"]["median"]))
+    # every synchronous variant ends with the same weights on both ranks
+    assert result["parameter_spread"] == {"hora": 0.0, "ddp": 0.0, "hora_per_gradient": 0.0}
+    assert plot.stat().st_size > 1000
