@@ -13,6 +13,8 @@ namespace hora {
 namespace {
 
 constexpr std::chrono::milliseconds kSignalCheckInterval{100};
+// How long a caller yields its core to a hot engine before it sleeps.
+constexpr std::chrono::microseconds kYieldLimit{50};
 
 struct Orphan {
   std::shared_ptr<Work> work;
@@ -32,6 +34,10 @@ std::vector<std::unique_ptr<Orphan>>& Orphans() {
 Status WaitInterruptibly(Work& work) {
   Status status;
   if (work.Poll()) return work.Wait();
+  {
+    py::gil_scoped_release release;
+    if (work.YieldUntilDone(kYieldLimit)) return work.Wait();
+  }
   while (true) {
     bool done;
     {

@@ -1,6 +1,10 @@
 #include "hora/core/work.h"
 
+#include <sched.h>
+
 #include <atomic>
+
+#include "hora/common/backoff.h"
 
 namespace hora {
 namespace {
@@ -43,6 +47,19 @@ bool Work::WaitFor(std::chrono::milliseconds timeout, Status* status) {
   }
   *status = status_;
   return true;
+}
+
+bool Work::YieldUntilDone(std::chrono::microseconds limit) {
+  if (!SpinWhileWaiting().load(std::memory_order_relaxed)) return Poll();
+  g_waiters.fetch_add(1, std::memory_order_relaxed);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  bool done = Poll();
+  while (!done && std::chrono::steady_clock::now() < end) {
+    sched_yield();
+    done = Poll();
+  }
+  g_waiters.fetch_sub(1, std::memory_order_relaxed);
+  return done;
 }
 
 bool Work::Poll() const {
