@@ -34,19 +34,22 @@ std::vector<std::unique_ptr<Orphan>>& Orphans() {
 Status WaitInterruptibly(Work& work) {
   Status status;
   if (work.Poll()) return work.Wait();
+  bool done;
   {
     py::gil_scoped_release release;
-    if (work.YieldUntilDone(kYieldLimit)) return work.Wait();
+    done = work.YieldUntilDone(kYieldLimit);
   }
-  while (true) {
-    bool done;
+  while (!done) {
     {
       py::gil_scoped_release release;
       done = work.WaitFor(kSignalCheckInterval, &status);
     }
-    if (done) return status;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
+  // Collectives finish out of order within a cycle: a dropped handle that
+  // failed before this one is reported now, not at the next submission.
+  ReleaseFinishedOrphans();
+  return work.Wait();
 }
 
 void Adopt(std::shared_ptr<Work> work, std::optional<TensorArg> input,
