@@ -143,6 +143,8 @@ def command_lines():
              ("python -m hora.timeline", timeline())]
     from hora.bench.elastic import build_parser as elastic
     tools.append(("python -m hora.bench elastic", elastic()))
+    from hora.bench.negotiation import build_parser as negotiation
+    tools.append(("python -m hora.bench negotiation", negotiation()))
     try:
         from hora.bench.torch_synthetic import build_parser as torch_synthetic
         tools.append(("python -m hora.bench torch-synthetic", torch_synthetic()))

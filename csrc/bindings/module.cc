@@ -11,6 +11,7 @@ namespace py = pybind11;
 
 namespace hora {
 void RegisterOps(py::module_& m);
+void RegisterSimulation(py::module_& m);
 #if HORA_HAVE_CUDA
 void RegisterGpuKernels(py::module_& m);
 #endif
@@ -20,6 +21,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hora's framework-free core (private; use the hora package)";
   hora::RegisterRuntime(m);
   hora::RegisterOps(m);
+  hora::RegisterSimulation(m);
 #if HORA_HAVE_CUDA
   hora::RegisterGpuKernels(m);
 #endif

@@ -1,7 +1,8 @@
 """python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
-latency, fusion, autotune, idle, torch-synthetic, gpu-kernels and elastic.
+latency, fusion, autotune, idle, torch-synthetic, gpu-kernels, elastic and
+negotiation.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -17,6 +18,9 @@ one GPU, no launcher needed) too:
 and elastic (recovery time after a lost rank, and the cost of commit(); it
 starts its own jobs, no launcher needed):
     python -m hora.bench elastic --help
+and negotiation (the negotiation of 8 to 1024 ranks simulated as threads of
+one process, and a cost model of a step at scale; no launcher needed):
+    python -m hora.bench negotiation --help
 """
 
 import argparse
@@ -278,9 +282,10 @@ def build_parser():
                                      description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
-                                                                    "gpu-kernels", "elastic"],
-                        help="torch-synthetic, gpu-kernels and elastic have options of their own: "
-                             "torch-synthetic --help, gpu-kernels --help")
+                                                                    "gpu-kernels", "elastic",
+                                                                    "negotiation"],
+                        help="torch-synthetic, gpu-kernels, elastic and negotiation have options "
+                             "of their own: torch-synthetic --help, gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none). Horovod runs in a phase of its "
@@ -322,6 +327,9 @@ def main(argv=None):
     if argv and argv[0] == "elastic":
         from hora.bench import elastic  # launches its own jobs; needs torch
         return elastic.main(argv[1:])
+    if argv and argv[0] == "negotiation":
+        from hora.bench import negotiation  # one process, no launcher
+        return negotiation.main(argv[1:])
     if argv and argv[0] == "gpu-kernels":
         from hora.bench import gpu_kernels  # needs torch and a CUDA build
         return gpu_kernels.main(argv[1:])

@@ -70,13 +70,13 @@ void LocalWorld::Send(int source, int dest, int tag, const void* data, int64_t b
     std::lock_guard<std::mutex> lock(mutex_);
     queues_[std::make_tuple(source, dest, tag)].push_back(std::move(message));
   }
-  arrived_.notify_all();
+  arrived_[dest].notify_all();
 }
 
 Status LocalWorld::Receive(int source, int dest, int tag, std::string* message) {
   std::unique_lock<std::mutex> lock(mutex_);
   std::deque<std::string>& queue = queues_[std::make_tuple(source, dest, tag)];
-  if (!arrived_.wait_for(lock, timeout, [&] { return !queue.empty(); })) {
+  if (!arrived_[dest].wait_for(lock, timeout, [&] { return !queue.empty(); })) {
     return Status::Internal("local transport: rank " + std::to_string(dest) +
                             " waited in vain for a message from rank " + std::to_string(source) +
                             " (tag " + std::to_string(tag) + ")");

@@ -23,7 +23,8 @@ namespace hora {
 // every (source, destination, tag).
 class LocalWorld {
  public:
-  explicit LocalWorld(int size) : size_(size) {}
+  explicit LocalWorld(int size)
+      : size_(size), arrived_(new std::condition_variable[static_cast<size_t>(size)]) {}
   int size() const { return size_; }
   void Send(int source, int dest, int tag, const void* data, int64_t bytes);
   // Blocks until a message arrives, or fails after `timeout` (a test whose
@@ -39,7 +40,9 @@ class LocalWorld {
  private:
   int size_;
   std::mutex mutex_;
-  std::condition_variable arrived_;
+  // One per destination rank: a message wakes only its receiver, so a
+  // world of a thousand thread-ranks does not wake every thread per message.
+  std::unique_ptr<std::condition_variable[]> arrived_;
   std::map<std::tuple<int, int, int>, std::deque<std::string>> queues_;
   std::map<uint64_t, std::shared_ptr<LocalWorld>> sub_worlds_;
 };
