@@ -121,8 +121,7 @@ py::dict Simulate(int ranks, int tensors, int steps) {
 }  // namespace
 
 void RegisterSimulation(py::module_& m) {
-  m.def("simulate_negotiation", &Simulate, py::arg("ranks"), py::arg("tensors"),
-        py::arg("steps"),
+  m.def("simulate_negotiation", &Simulate, py::arg("ranks"), py::arg("tensors"), py::arg("steps"),
         "Runs `steps` steps of `tensors` allreduces through the negotiation of `ranks` "
         "thread-ranks over the in-process transport; per step, the wall and CPU seconds and "
         "the cycles of rank 0 and of the last rank (step 0 goes through the coordinator, the "
