@@ -55,11 +55,18 @@ struct PyWork {
   std::optional<TensorArg> output;
   DataType dtype = DataType::kFloat32;
   bool enqueued = false;
+  bool waited = false;  // the caller has seen the outcome (a wait returned or raised)
 
   // A handle dropped while its collective runs must not block the caller
-  // (the other ranks may submit it only later): its views are adopted.
+  // (the other ranks may submit it only later): its views are adopted. One
+  // that already failed, unseen, is reported now, as an adopted one would be.
   ~PyWork() {
-    if (enqueued && !work->Poll()) Adopt(std::move(work), std::move(input), std::move(output));
+    if (!enqueued) return;
+    if (!work->Poll()) {
+      Adopt(std::move(work), std::move(input), std::move(output));
+    } else if (!waited) {
+      ReportDroppedFailure(*work);
+    }
   }
 };
 
@@ -321,7 +328,11 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
 
 // Gives up the GIL only when the collective is still running: most waits
 // of a backward pass find their result already there.
-Status WaitFor(PyWork& w) { return WaitInterruptibly(*w.work); }
+Status WaitFor(PyWork& w) {
+  Status status = WaitInterruptibly(*w.work);
+  w.waited = true;
+  return status;
+}
 
 }  // namespace
 

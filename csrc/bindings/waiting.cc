@@ -58,6 +58,13 @@ void Adopt(std::shared_ptr<Work> work, std::optional<TensorArg> input,
       std::unique_ptr<Orphan>(new Orphan{std::move(work), std::move(input), std::move(output)}));
 }
 
+void ReportDroppedFailure(Work& work) {
+  const Status status = work.Wait();  // done: returns at once
+  if (!status.ok()) {
+    HORA_LOG(kWarning) << "a collective whose handle was dropped failed: " << status.message();
+  }
+}
+
 void ReleaseFinishedOrphans() {
   std::vector<std::unique_ptr<Orphan>>& orphans = Orphans();
   if (orphans.empty()) return;
@@ -68,10 +75,7 @@ void ReleaseFinishedOrphans() {
       ++kept;
       continue;
     }
-    const Status status = orphans[i]->work->Wait();
-    if (!status.ok()) {
-      HORA_LOG(kWarning) << "a collective whose handle was dropped failed: " << status.message();
-    }
+    ReportDroppedFailure(*orphans[i]->work);
   }
   orphans.resize(kept);
 }

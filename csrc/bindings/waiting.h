@@ -25,5 +25,8 @@ void Adopt(std::shared_ptr<Work> work, std::optional<TensorArg> input,
 // any that failed. Called with the GIL held, on every submission and at
 // shutdown.
 void ReleaseFinishedOrphans();
+// Logs the failure of a finished collective whose handle the caller dropped
+// without waiting on it (nothing when it succeeded).
+void ReportDroppedFailure(Work& work);
 
 }  // namespace hora
