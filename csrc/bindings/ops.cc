@@ -55,7 +55,10 @@ struct PyWork {
   std::optional<TensorArg> output;
   DataType dtype = DataType::kFloat32;
   bool enqueued = false;
-  bool waited = false;  // the caller has seen the outcome (a wait returned or raised)
+  // The caller has had the outcome: a wait returned or raised, or its
+  // handle settled and released it (a grouped handle raises one member's
+  // error for all of them).
+  bool seen = false;
 
   // A handle dropped while its collective runs must not block the caller
   // (the other ranks may submit it only later): its views are adopted. One
@@ -64,7 +67,7 @@ struct PyWork {
     if (!enqueued) return;
     if (!work->Poll()) {
       Adopt(std::move(work), std::move(input), std::move(output));
-    } else if (!waited) {
+    } else if (!seen) {
       ReportDroppedFailure(*work);
     }
   }
@@ -330,7 +333,7 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
 // of a backward pass find their result already there.
 Status WaitFor(PyWork& w) {
   Status status = WaitInterruptibly(*w.work);
-  w.waited = true;
+  w.seen = true;
   return status;
 }
 
@@ -371,6 +374,7 @@ void RegisterOps(py::module_& m) {
         // Drops the views of the caller's arrays once the result is in.
         w.input.reset();
         w.output.reset();
+        w.seen = true;
       });
 
   py::class_<CollectiveOptions>(m, "CollectiveOptions")

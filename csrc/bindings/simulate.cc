@@ -66,7 +66,8 @@ Status RunRank(Communicator* comm, int tensors, int steps, RankTimes* times) {
       if (!result.abort.ok()) return result.abort;
       for (const Response& response : result.responses) {
         if (response.is_error()) return Status::Internal(response.error);
-        const CollectivePlan plan = PlanCollective(response, {256, 64}, comm->rank(), comm->size());
+        const CollectivePlan plan =
+            PlanCollective(response, response.shape, comm->rank(), comm->size());
         (void)plan;
       }
       decided += static_cast<int>(result.responses.size());

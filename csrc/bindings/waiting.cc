@@ -46,8 +46,8 @@ Status WaitInterruptibly(Work& work) {
     }
     if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
-  // Collectives finish out of order within a cycle: a dropped handle that
-  // failed before this one is reported now, not at the next submission.
+  // A dropped handle whose collective failed while this caller waited is
+  // reported now, not only at the next submission.
   ReleaseFinishedOrphans();
   return work.Wait();
 }

@@ -42,6 +42,7 @@ from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 
 _UNNAMED = "allreduce.noname"
+_BUCKET_PREFIX = "allreduce.bucket."
 
 
 class _DistributedOptimizer:
@@ -153,7 +154,7 @@ class _DistributedOptimizer:
             handle = mpi_ops.sparse_allreduce_async(p.grad, name=self._hora_names[p],
                                                     op=self._hora_op,
                                                     process_set=self._hora_process_set)
-            return ("sparse", handle, [p], ())
+            return ("sparse", handle, [p], (), None)
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
         if grouped:
@@ -166,30 +167,28 @@ class _DistributedOptimizer:
                 tensors[0], name=self._hora_names[params[0]], op=self._hora_op,
                 prescale_factor=self._hora_prescale, postscale_factor=self._hora_postscale,
                 process_set=self._hora_process_set)
-        return ("dense", handle, list(zip(params, compressed)), was_sparse)
+        group = self._hora_unit_names[index] if grouped else None
+        return ("dense", handle, list(zip(params, compressed)), was_sparse, group)
 
-    def _hora_name_bucket_member(self, error):
+    def _hora_name_group_member(self, error, entries):
         """``error`` with the parameter named where it names a member of a
-        gradient bucket (``'<bucket name>.<position>'``), which the user
-        never named themselves."""
+        grouped submission (``'<group name>.<position>'``): a bucket's
+        members were never named by the user."""
         message = str(error)
-        for index in self._hora_buckets:
-            name = self._hora_unit_names[index]
-            if name is None or f"'{name}." not in message:
+        for _, _, members, _, group in entries:
+            if group is None or f"'{group}." not in message:
                 continue
-            position = message.split(f"'{name}.", 1)[1].split("'", 1)[0]
-            params = self._hora_units[index]
-            dense = [p for p in params if not (p.grad is not None and p.grad.is_sparse)]
-            if position.isdigit() and int(position) < len(dense):
-                parameter = self._parameter_names.get(dense[int(position)], "?")
-                return type(error)(f"{message} (the gradient of parameter '{parameter}', in a "
-                                   f"bucket of {len(params)} gradients that "
-                                   f"DistributedOptimizer reduces together; bucket_bytes=0 "
-                                   f"reduces each on its own)")
+            position = message.split(f"'{group}.", 1)[1].split("'", 1)[0]
+            if position.isdigit() and int(position) < len(members):
+                parameter = self._parameter_names.get(members[int(position)][0], "?")
+                hint = ("; bucket_bytes=0 reduces each on its own"
+                        if group.startswith(_BUCKET_PREFIX) else "")
+                return type(error)(f"{message} (the gradient of parameter '{parameter}', one of "
+                                   f"{len(members)} reduced together{hint})")
         return error
 
     def _hora_finish(self, entry, result):
-        kind, _, members, was_sparse = entry
+        kind, _, members, was_sparse, _ = entry
         with torch.no_grad():
             if kind == "sparse":
                 members[0].grad = result
@@ -231,7 +230,7 @@ class _DistributedOptimizer:
         try:
             results = wait_all([entry[1] for entry in entries])
         except HoraError as error:
-            raise self._hora_name_bucket_member(error) from None
+            raise self._hora_name_group_member(error, entries) from None
         finally:
             self._hora_pending.clear()
             self._hora_ready.clear()
@@ -352,10 +351,10 @@ def _bucket_name(members, names):
     two optimizers over differently named parameters, as Horovod's
     per-parameter names are."""
     first, last = names[members[0]], names[members[-1]]
-    return f"allreduce.bucket.{first}..{last}.{len(members)}"
+    return f"{_BUCKET_PREFIX}{first}..{last}.{len(members)}"
 
 
-def _split_units(params, groups, what, names=None, bucket_bytes=0):
+def _split_units(params, groups, what, names, bucket_bytes):
     """Lists of parameters reduced together (as Horovod groups them, see
     :mod:`hora.common.gradient_policy`, or without ``groups`` in buckets of
     up to ``bucket_bytes``), and each list's name (None for a parameter

@@ -22,8 +22,18 @@ class Handle:
     def _wait(self) -> Any:
         if not self._done:
             try:
+                # a failed member does not end the wait: the rest of its
+                # group fails or finishes with it, and is seen here too
+                failed = None
                 for work in self._works:
-                    work.wait()
+                    try:
+                        work.wait()
+                    except BaseException as error:
+                        if not work.poll():
+                            raise  # interrupted: this member is still running
+                        failed = failed or error
+                if failed is not None:
+                    raise failed
                 self._result = self._finish(self._works)
             except BaseException as error:
                 if not self._settled():
