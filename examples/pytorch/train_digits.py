@@ -2,7 +2,9 @@
 
 Run on two ranks:  horarun -np 2 python examples/pytorch/train_digits.py
 (or python -m hora.runner -np 2 ...). Resume after an interruption with the
-same --checkpoint path.
+same --checkpoint path. --cuda trains on GPU local_rank (ranks share the GPUs
+in turn when there are fewer GPUs than ranks); --fp16-allreduce sends the
+gradients as float16.
 
 The data are scikit-learn's bundled 8x8 digits (1797 images, nothing to
 download; pip install scikit-learn). Without scikit-learn the script falls
@@ -67,12 +69,12 @@ class DigitNet(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def evaluate(model, images, labels):
+def evaluate(model, images, labels, device):
     """Accuracy over the whole set; each rank scores every size()-th image."""
     model.eval()
     with torch.no_grad():
         mine = slice(hvd.rank(), None, hvd.size())
-        correct = (model(images[mine]).argmax(1) == labels[mine]).sum()
+        correct = (model(images[mine].to(device)).argmax(1) == labels[mine].to(device)).sum()
     counts = hvd.allreduce(torch.tensor([float(correct), float(len(labels[mine]))]),
                            op=hvd.Sum, name="eval.counts")
     model.train()
@@ -94,10 +96,20 @@ def main():
     parser.add_argument("--checkpoint", default=None,
                         help="file written by rank 0 after every epoch; resumed from if present")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cuda", action="store_true",
+                        help="train on GPU local_rank (modulo the GPUs there are)")
+    parser.add_argument("--fp16-allreduce", action="store_true",
+                        help="send gradients as float16 (hvd.Compression.fp16)")
     args = parser.parse_args()
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    device = torch.device("cpu")
+    if args.cuda:
+        if not torch.cuda.is_available():
+            parser.error("--cuda: PyTorch sees no GPU")
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed + rank)  # differing initial weights: the broadcast fixes them
 
     train_x, train_y, test_x, test_y, source = load_digits_dataset()
@@ -106,13 +118,15 @@ def main():
     loader = DataLoader(TensorDataset(train_x, train_y), batch_size=args.batch_size,
                         sampler=sampler)
 
-    model = DigitNet()
+    model = DigitNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
 
     first_epoch = 0
     if rank == 0 and args.checkpoint and os.path.exists(args.checkpoint):
-        saved = torch.load(args.checkpoint)
+        saved = torch.load(args.checkpoint, map_location=device)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         # the saved learning rate was scaled for the saving job's size; this
@@ -128,26 +142,27 @@ def main():
 
     if rank == 0:
         print(f"{source}: {len(train_y)} training / {len(test_y)} test images, {size} rank(s), "
-              f"global batch {args.batch_size * size}", flush=True)
+              f"global batch {args.batch_size * size}, on {device}", flush=True)
     start = time.time()
     for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         total_loss = torch.zeros(2)
         for images, labels in loader:
+            images, labels = images.to(device), labels.to(device)
             optimizer.zero_grad()
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
             total_loss += torch.tensor([loss.item() * len(labels), len(labels)])
         total_loss = hvd.allreduce(total_loss, op=hvd.Sum, name="train.loss")
-        accuracy = evaluate(model, test_x, test_y)
+        accuracy = evaluate(model, test_x, test_y, device)
         if rank == 0:
             print(f"epoch {epoch + 1:3d}  loss {float(total_loss[0] / total_loss[1]):.4f}  "
                   f"test accuracy {accuracy:.4f}  ({time.time() - start:.1f}s)", flush=True)
             if args.checkpoint:
                 save_checkpoint(args.checkpoint, model, optimizer, epoch)
 
-    accuracy = evaluate(model, test_x, test_y)
+    accuracy = evaluate(model, test_x, test_y, device)
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     spread = (hvd.allreduce(weights, op=hvd.Max, name="check.max")
               - hvd.allreduce(weights, op=hvd.Min, name="check.min")).abs().max()

@@ -102,6 +102,12 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(
       ReadBool(Find(lookup, "HORA_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"),
                &result.gpu_hierarchical_allreduce));
+  const Source shared_gpu = Find(lookup, "HORA_SHARED_GPU", nullptr);
+  if (shared_gpu.value != nullptr) {
+    const std::string value = shared_gpu.value;
+    if (value != "stage" && value != "error") return Invalid(shared_gpu, "stage or error");
+    result.stage_shared_gpu = value == "stage";
+  }
   HORA_RETURN_IF_ERROR(
       ReadBool(Find(lookup, "HORA_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS"),
                &result.dynamic_process_sets));

@@ -124,35 +124,9 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
     if (status.ok()) status = gpu->Allreduce(batch, batch_size, entries.data(), present, plan);
     phases.reduced = Timeline::Clock::now();
   } else {
-    // A rank that has joined contributes neutral values from scratch space.
-    int64_t absent = 0;
-    for (size_t k = 0; k < batch_size; ++k) absent += present[k] ? 0 : batch[k].NumElements();
-    char* scratch = absent > 0 ? fusion_buffer_.Get(absent * DataTypeSize(head.dtype)) : nullptr;
-    pieces_.clear();
-    for (size_t k = 0; k < batch_size; ++k) {
-      const int64_t count = batch[k].NumElements();
-      if (present[k]) {
-        pieces_.push_back(Piece{entries[k].input.data, entries[k].output, count});
-      } else {
-        FillNeutral(scratch, count, head.dtype, head.op);
-        pieces_.push_back(Piece{scratch, scratch, count});
-        scratch += count * DataTypeSize(head.dtype);
-      }
-    }
     phases.copied_in = Timeline::Clock::now();
-    if (head.op == ReduceOp::kAdasum) {
-      status = adasum_.Run(comm_, pieces_.data(), pieces_.size(), head.dtype, plan.prescale,
-                           plan.post_factor);
-    } else {
-      status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, plan.prescale,
-                            plan.post_factor);
-    }
+    status = Allreduce(batch, batch_size, entries.data(), present, plan);
     phases.reduced = Timeline::Clock::now();
-    if (status.ok() && plan.divisor != 1) {
-      for (size_t k = 0; k < batch_size; ++k) {
-        if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, plan.divisor);
-      }
-    }
   }
   phases.copied_out = Timeline::Clock::now();
   allreduced_bytes_ += bytes;
@@ -177,13 +151,49 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   return status;
 }
 
+Status Executor::Allreduce(const Response* batch, size_t batch_size, TensorEntry* entries,
+                           const std::vector<bool>& present, const CollectivePlan& plan) {
+  const Response& head = batch[0];
+  // A rank that has joined contributes neutral values from scratch space.
+  int64_t absent = 0;
+  for (size_t k = 0; k < batch_size; ++k) absent += present[k] ? 0 : batch[k].NumElements();
+  char* scratch = absent > 0 ? fusion_buffer_.Get(absent * DataTypeSize(head.dtype)) : nullptr;
+  pieces_.clear();
+  for (size_t k = 0; k < batch_size; ++k) {
+    const int64_t count = batch[k].NumElements();
+    if (present[k]) {
+      pieces_.push_back(Piece{entries[k].input.data, entries[k].output, count});
+    } else {
+      FillNeutral(scratch, count, head.dtype, head.op);
+      pieces_.push_back(Piece{scratch, scratch, count});
+      scratch += count * DataTypeSize(head.dtype);
+    }
+  }
+  Status status;
+  if (head.op == ReduceOp::kAdasum) {
+    status = adasum_.Run(comm_, pieces_.data(), pieces_.size(), head.dtype, plan.prescale,
+                         plan.post_factor);
+  } else {
+    status = router_->Run(pieces_.data(), pieces_.size(), head.dtype, head.op, plan.prescale,
+                          plan.post_factor);
+  }
+  if (status.ok() && plan.divisor != 1) {
+    for (size_t k = 0; k < batch_size; ++k) {
+      if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, plan.divisor);
+    }
+  }
+  return status;
+}
+
 Status Executor::Gpu(const TensorEntry* entry, GpuExecutor** out) {
   if (!gpu_) {
     // -1 (a rank that has joined): the executor picks the device itself, in
     // the step whose failures every rank learns about.
     const int device = entry != nullptr ? entry->input.device : -1;
-    HORA_RETURN_IF_ERROR(
-        CreateGpuExecutor(comm_, config_.gpu_hierarchical_allreduce, device, &gpu_));
+    GpuOptions options;
+    options.hierarchical = config_.gpu_hierarchical_allreduce;
+    options.stage_shared_gpu = config_.stage_shared_gpu;
+    HORA_RETURN_IF_ERROR(CreateGpuExecutor(comm_, options, device, this, &gpu_));
   }
   *out = gpu_.get();
   return Status::OK();
@@ -197,6 +207,10 @@ Status Executor::RunOne(const Response& r, TensorEntry& e) {
     HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
     return gpu->Run(r, e, plan);
   }
+  return Run(r, e, plan);
+}
+
+Status Executor::Run(const Response& r, TensorEntry& e, const CollectivePlan& plan) {
   switch (r.kind) {
     case CollectiveKind::kAllgather: return RunAllgather(e, plan);
     case CollectiveKind::kBroadcast: return RunBroadcast(r, e);

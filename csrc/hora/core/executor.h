@@ -26,7 +26,7 @@ namespace hora {
 // (the first always runs, however large).
 size_t FusedBatchEnd(const std::vector<Response>& responses, size_t first, int64_t threshold_bytes);
 
-class Executor {
+class Executor : private CollectivePath {
  public:
   Executor(Communicator* comm, TensorQueue* queue, const Config& config, Timeline* timeline)
       : comm_(comm),
@@ -57,6 +57,11 @@ class Executor {
   }
 
  private:
+  // The CPU path on host memory (also what a GPU executor that stages
+  // through host memory runs on its copies).
+  Status Allreduce(const Response* batch, size_t batch_size, TensorEntry* entries,
+                   const std::vector<bool>& present, const CollectivePlan& plan) override;
+  Status Run(const Response& response, TensorEntry& entry, const CollectivePlan& plan) override;
   // Runs batch[0..batch_size) as one fused allreduce.
   Status RunAllreduce(const Response* batch, size_t batch_size,
                       Timeline::Clock::time_point decided);

@@ -1,9 +1,6 @@
 #include "hora/core/gpu_executor_nccl.h"
 
-#include <chrono>
 #include <cstring>
-#include <sstream>
-#include <thread>
 
 #include "hora/algo/host_kernels.h"
 #include "hora/common/logging.h"
@@ -32,34 +29,17 @@ uint64_t NeutralPattern(DataType dtype, ReduceOp op) {
 
 int64_t Align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-uint64_t HashName(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// What each rank tells the others about its GPU before NCCL starts.
-struct DeviceCard {
-  uint8_t uuid[16];
-  uint64_t host;
-  int32_t rank;
-  int32_t device;
-  int32_t ok;
-  int32_t pad;
-};
-
 }  // namespace
 
-Status NcclExecutor::Create(Communicator* comm, bool hierarchical, int device,
-                            std::unique_ptr<GpuExecutor>* out) {
-  std::unique_ptr<NcclExecutor> executor(new NcclExecutor(comm, device));
+Status NcclExecutor::Create(Communicator* comm, bool hierarchical,
+                            std::unique_ptr<GpuStream> stream, std::unique_ptr<GpuExecutor>* out) {
+  std::unique_ptr<NcclExecutor> executor(new NcclExecutor(comm, std::move(stream)));
   HORA_RETURN_IF_ERROR(executor->Init(hierarchical));
   *out = std::move(executor);
   return Status::OK();
 }
 
 Status NcclExecutor::Init(bool hierarchical) {
-  HORA_RETURN_IF_ERROR(CheckDistinctDevices());
   HORA_RETURN_IF_ERROR(NcclCommunicator::Create(comm_, &nccl_));
   const Topology& t = comm_->topology();
   const bool usable =
@@ -74,99 +54,19 @@ Status NcclExecutor::Init(bool hierarchical) {
   return Status::OK();
 }
 
-Status NcclExecutor::CheckDistinctDevices() {
-  // Every rank first does its local part, then all exchange the outcome, so
-  // a failure anywhere becomes the same error everywhere instead of a hang.
-  DeviceCard mine{};
-  mine.rank = comm_->rank();
-  mine.host = HashName(comm_->topology().hostname);
-  Status local;
-  if (device_ < 0) local = DefaultDevice(comm_->topology().local_rank, &device_);
-  mine.device = device_;
-  if (local.ok()) local = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-  cudaDeviceProp properties{};
-  if (local.ok())
-    local = CudaStatus(cudaGetDeviceProperties(&properties, device_), "cudaGetDeviceProperties");
-  if (local.ok()) std::memcpy(mine.uuid, &properties.uuid, sizeof(mine.uuid));
-  if (local.ok())
-    local =
-        CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (local.ok())
-    local = CudaStatus(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-  if (!local.ok()) cudaGetLastError();
-  mine.ok = local.ok() ? 1 : 0;
-  const int size = comm_->size();
-  std::vector<DeviceCard> cards(size);
-  HORA_RETURN_IF_ERROR(comm_->Allgatherv(&mine, sizeof(mine), cards.data(),
-                                         std::vector<int64_t>(size, sizeof(DeviceCard))));
-  if (!local.ok()) return local.WithContext("setting up this rank's GPU");
-  std::ostringstream failed;
-  for (const DeviceCard& c : cards) {
-    if (!c.ok) failed << (failed.tellp() > 0 ? ", " : "") << c.rank;
-  }
-  if (failed.tellp() > 0) {
-    return Status::Internal("GPU setup failed on rank(s) " + failed.str() + "; see their errors");
-  }
-  for (int a = 0; a < size; ++a) {
-    for (int b = a + 1; b < size; ++b) {
-      if (cards[a].host == cards[b].host && std::memcmp(cards[a].uuid, cards[b].uuid, 16) == 0) {
-        return Status::InvalidArgument(
-            "ranks " + std::to_string(a) + " and " + std::to_string(b) +
-            " on one host both use the "
-            "same GPU (device " +
-            std::to_string(cards[a].device) + " and device " + std::to_string(cards[b].device) +
-            " of their processes); give each rank its own GPU, "
-            "e.g. torch.cuda.set_device(hvd.local_rank()), or set CUDA_VISIBLE_DEVICES per rank");
-      }
-    }
-  }
-  return Status::OK();
-}
-
 NcclExecutor::~NcclExecutor() {
-  if (device_ < 0) return;
-  DeviceGuard guard(device_);
   // Let queued collectives finish (the callers may not have read them yet);
   // past ten seconds the peers are gone, and aborting NCCL ends its kernels.
-  if (stream_ != nullptr) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  gpu_->Drain();
+  DeviceGuard guard(device_);
   local_.reset();
   nccl_.reset();
   if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
-  if (done_ != nullptr) cudaEventDestroy(done_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
 std::string NcclExecutor::Describe() const {
   return NcclDescribe() + " on GPU " + std::to_string(device_) +
          (local_ ? ", hierarchical allreduce" : "");
-}
-
-Status NcclExecutor::WaitForCallers(TensorEntry* entries, size_t count,
-                                    const std::vector<bool>* present) {
-  for (size_t k = 0; k < count; ++k) {
-    if ((present != nullptr && !(*present)[k]) || !entries[k].ready) continue;
-    HORA_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(entries[k].ready.get()), 0));
-    entries[k].ready.reset();  // back to the pool: the wait has captured it
-  }
-  return Status::OK();
-}
-
-Status NcclExecutor::ReleaseCallers(TensorEntry* entries, size_t count,
-                                    const std::vector<bool>* present) {
-  HORA_CUDA(cudaEventRecord(done_, stream_));
-  uintptr_t last = ~uintptr_t{0};
-  for (size_t k = 0; k < count; ++k) {
-    if ((present != nullptr && !(*present)[k]) || entries[k].stream == last) continue;
-    last = entries[k].stream;
-    HORA_CUDA(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(last), done_, 0));
-  }
-  return Status::OK();
 }
 
 Status NcclExecutor::Scratch(int64_t bytes, char** out) {
@@ -181,39 +81,6 @@ Status NcclExecutor::Scratch(int64_t bytes, char** out) {
     scratch_bytes_ = rounded;
   }
   *out = scratch_;
-  return Status::OK();
-}
-
-Status NcclExecutor::AllocateOutput(int64_t bytes, std::shared_ptr<DeviceBuffer>* out) {
-  auto buffer = std::make_shared<DeviceBuffer>();
-  HORA_CUDA(cudaMallocAsync(&buffer->data, bytes > 0 ? bytes : 1, stream_));
-  buffer->bytes = bytes;
-  buffer->device = device_;
-  // Until it is handed over, only our stream has used it: a collective that
-  // fails half-way frees it in order after whatever was queued on it.
-  cudaStream_t stream = stream_;
-  buffer->release = [stream](void* p) { cudaFreeAsync(p, stream); };
-  *out = std::move(buffer);
-  return Status::OK();
-}
-
-void NcclExecutor::HandOver(DeviceBuffer* buffer, uintptr_t caller_stream) {
-  // The caller's stream has been made to wait for our work on the buffer,
-  // and it is where the caller will use it: free it in order there.
-  const int device = device_;
-  buffer->release = [device, caller_stream](void* p) {
-    DeviceGuard guard(device);
-    cudaFreeAsync(p, reinterpret_cast<cudaStream_t>(caller_stream));
-  };
-}
-
-Status NcclExecutor::Deliver(TensorEntry& e, std::shared_ptr<DeviceBuffer> out,
-                             const CollectivePlan& plan) {
-  HORA_RETURN_IF_ERROR(ReleaseCallers(&e, 1, nullptr));
-  HandOver(out.get(), e.stream);
-  e.work->device_output = std::move(out);
-  e.work->output_shape = plan.output_shape;
-  e.work->received_splits = plan.received_splits;
   return Status::OK();
 }
 
@@ -389,10 +256,4 @@ Status NcclExecutor::Reducescatter(const Response& r, TensorEntry& e, const Coll
 }
 
 }  // namespace gpu
-
-Status CreateGpuExecutor(Communicator* comm, bool hierarchical, int device,
-                         std::unique_ptr<GpuExecutor>* out) {
-  return gpu::NcclExecutor::Create(comm, hierarchical, device, out);
-}
-
 }  // namespace hora

@@ -9,15 +9,16 @@
 #include <vector>
 
 #include "hora/comm/nccl/nccl_communicator.h"
-#include "hora/core/gpu_executor.h"
+#include "hora/core/gpu_stream_executor.h"
 #include "hora/cuda/gpu_kernels.h"
 
 namespace hora {
 namespace gpu {
 
-class NcclExecutor : public GpuExecutor {
+class NcclExecutor : public StreamExecutor {
  public:
-  static Status Create(Communicator* comm, bool hierarchical, int device,
+  // Collective over `comm` (every rank makes one, or none).
+  static Status Create(Communicator* comm, bool hierarchical, std::unique_ptr<GpuStream> stream,
                        std::unique_ptr<GpuExecutor>* out);
   ~NcclExecutor() override;
 
@@ -27,22 +28,11 @@ class NcclExecutor : public GpuExecutor {
   std::string Describe() const override;
 
  private:
-  NcclExecutor(Communicator* comm, int device) : comm_(comm), device_(device) {}
+  NcclExecutor(Communicator* comm, std::unique_ptr<GpuStream> stream)
+      : StreamExecutor(std::move(stream)), comm_(comm) {}
   Status Init(bool hierarchical);
-  // Fails on every rank alike when two ranks of one host hold the same GPU.
-  Status CheckDistinctDevices();
-  // Our stream waits for what the callers queued before submitting.
-  Status WaitForCallers(TensorEntry* entries, size_t count, const std::vector<bool>* present);
-  // Each caller's stream waits for everything queued on ours so far.
-  Status ReleaseCallers(TensorEntry* entries, size_t count, const std::vector<bool>* present);
   // The persistent device scratch (fusion) buffer, grown on demand.
   Status Scratch(int64_t bytes, char** out);
-  // Result memory for the caller, allocated in order on our stream; once
-  // HandOver has run it is freed in order on the caller's stream.
-  Status AllocateOutput(int64_t bytes, std::shared_ptr<DeviceBuffer>* out);
-  void HandOver(DeviceBuffer* buffer, uintptr_t caller_stream);
-  // Gives `entry` the result in `out`, shaped as the plan says.
-  Status Deliver(TensorEntry& entry, std::shared_ptr<DeviceBuffer> out, const CollectivePlan& plan);
   Status Copy(const void* src, void* dst, int64_t count, DataType in, DataType out, double scale,
               int64_t divisor);
   Status Reduce(const char* send, char* recv, int64_t count, DataType wire, ReduceOp op);
@@ -52,9 +42,6 @@ class NcclExecutor : public GpuExecutor {
   Status Reducescatter(const Response& response, TensorEntry& entry, const CollectivePlan& plan);
 
   Communicator* comm_;
-  int device_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t done_ = nullptr;
   std::unique_ptr<NcclCommunicator> nccl_;
   std::unique_ptr<NcclCommunicator> local_;  // hierarchical: the ranks of this host
   char* scratch_ = nullptr;

@@ -5,7 +5,8 @@
 
 namespace hora {
 
-Status CreateGpuExecutor(Communicator*, bool, int, std::unique_ptr<GpuExecutor>*) {
+Status CreateGpuExecutor(Communicator*, const GpuOptions&, int, CollectivePath*,
+                         std::unique_ptr<GpuExecutor>*) {
   return gpu::NotBuilt();
 }
 

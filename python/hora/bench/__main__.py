@@ -1,8 +1,8 @@
 """python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
-latency, fusion, autotune, idle, torch-synthetic, gpu-kernels, elastic and
-negotiation.
+latency, fusion, autotune, idle, torch-synthetic, gpu-kernels, gpu-allreduce,
+elastic and negotiation.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -15,6 +15,9 @@ the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
 gpu-kernels (the CUDA kernels' throughput against a device-to-device copy, on
 one GPU, no launcher needed) too:
     python -m hora.bench gpu-kernels --help
+gpu-allreduce (CUDA tensors through hora against torch.distributed with NCCL;
+one process for one rank, or under the launcher with a GPU per rank) too:
+    python -m hora.bench gpu-allreduce --help
 and elastic (recovery time after a lost rank, and the cost of commit(); it
 starts its own jobs, no launcher needed):
     python -m hora.bench elastic --help
@@ -330,6 +333,9 @@ def main(argv=None):
     if argv and argv[0] == "negotiation":
         from hora.bench import negotiation  # one process, no launcher
         return negotiation.main(argv[1:])
+    if argv and argv[0] == "gpu-allreduce":
+        from hora.bench import gpu_allreduce  # needs torch and a CUDA build
+        return gpu_allreduce.main(argv[1:])
     if argv and argv[0] == "gpu-kernels":
         from hora.bench import gpu_kernels  # needs torch and a CUDA build
         return gpu_kernels.main(argv[1:])

