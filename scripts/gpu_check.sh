@@ -134,6 +134,9 @@ step bench-gpu-allreduce 90 "$python" -m hora.bench gpu-allreduce --json "$out/g
 step bench-torch-synthetic 120 "$python" -m hora.bench torch-synthetic --cuda --model resnet18 \
   --image-size 224 --batch-size 64 --compare ddp --num-warmup-batches 5 --num-iters 8 \
   --json "$out/torch_synthetic.json"
+step bench-torch-transformer 90 "$python" -m hora.bench torch-synthetic --cuda --model transformer \
+  --batch-size 128 --compare ddp --num-warmup-batches 5 --num-iters 8 \
+  --json "$out/torch_transformer.json"
 step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
   --junitxml="$out/junit_ranks.xml"
 step digits-1rank 60 digits 1

@@ -153,8 +153,12 @@ void ThrowIfFailed(const Status& status) {
 // `stream` is the caller's CUDA stream for GPU tensors; -1 means the caller
 // (hora's framework-neutral functions) cannot say which stream produced the
 // data, so GPU memory is refused rather than read out of order.
+// `previous`: the entry made just before in the same submission, whose
+// ready event this one shares when it is on the same GPU and stream (nothing
+// can be queued on the stream between the two, so one event serves both).
 TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t stream,
-                      const std::optional<std::vector<int64_t>>& splits) {
+                      const std::optional<std::vector<int64_t>>& splits,
+                      const TensorEntry* previous = nullptr) {
   const TensorView& in = w->input->view();
   if (r.kind == CollectiveKind::kAlltoall) {
     if (splits) {
@@ -174,8 +178,13 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
     }
     // The engine's work on this tensor starts after what the caller has
     // queued on its stream so far (the kernels producing it).
-    Status status = gpu::RecordReady(in.device, stream, &entry.ready);
-    if (!status.ok()) ThrowValueError("tensor '" + r.name + "' " + status.message());
+    if (previous != nullptr && previous->ready && previous->input.device == in.device &&
+        previous->stream == static_cast<uintptr_t>(stream)) {
+      entry.ready = previous->ready;
+    } else {
+      Status status = gpu::RecordReady(in.device, stream, &entry.ready);
+      if (!status.ok()) ThrowValueError("tensor '" + r.name + "' " + status.message());
+    }
     entry.stream = static_cast<uintptr_t>(stream);
   }
   entry.request = std::move(r);
@@ -232,7 +241,8 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
     AttachTensors(w.get(), &r, inputs[i],
                   outputs.is_none() || in_place ? py::none() : py::object(output_list[i]), in_place,
                   o.dtypes.empty() ? -1 : o.dtypes[i]);
-    entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits));
+    entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits,
+                                entries.empty() ? nullptr : &entries.back()));
     works.push_back(std::move(w));
   }
   ThrowIfFailed(engine.Enqueue(o.process_set, std::move(entries)));

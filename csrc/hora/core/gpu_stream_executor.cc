@@ -36,10 +36,14 @@ GpuStream::~GpuStream() {
 
 Status StreamExecutor::WaitForCallers(TensorEntry* entries, size_t count,
                                       const std::vector<bool>* present) {
+  // The tensors of one submission share an event: one wait covers them.
+  void* last = nullptr;
   for (size_t k = 0; k < count; ++k) {
     if ((present != nullptr && !(*present)[k]) || !entries[k].ready) continue;
-    HORA_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(entries[k].ready.get()), 0));
-    entries[k].ready.reset();  // back to the pool: the wait has captured it
+    void* event = entries[k].ready.get();
+    if (event != last) HORA_CUDA(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0));
+    last = event;
+    entries[k].ready.reset();  // back to the pool once no entry holds it: the wait captured it
   }
   return Status::OK();
 }

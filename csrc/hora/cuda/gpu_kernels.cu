@@ -60,29 +60,70 @@ struct Traits<double> {
   __device__ static double Store(double x) { return x; }
 };
 
-// blockIdx.y picks the task; the blocks along x stride over its elements.
+// One element: loaded, scaled (or, for integers, divided), stored.
 template <typename In, typename Out>
-__global__ void ScaledCopyKernel(TaskBatch batch, double scale, int64_t divisor) {
-  const CopyTask task = batch.tasks[blockIdx.y];
-  const In* src = static_cast<const In*>(task.src);
-  Out* dst = static_cast<Out*>(task.dst);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < task.count;
-       i += stride) {
-    if constexpr (Traits<In>::kFloat) {
-      using C = typename Traits<In>::Compute;
-      const C v = Traits<In>::Load(src[i]) * static_cast<C>(scale);
-      dst[i] = Traits<Out>::Store(static_cast<typename Traits<Out>::Compute>(v));
-    } else if (scale != 1.0) {
-      dst[i] = static_cast<Out>(static_cast<double>(src[i]) * scale);
-    } else {
-      dst[i] = static_cast<Out>(static_cast<int64_t>(src[i]) / divisor);
-    }
+__device__ __forceinline__ Out Convert(In x, double scale, int64_t divisor) {
+  if constexpr (Traits<In>::kFloat) {
+    using C = typename Traits<In>::Compute;
+    const C v = Traits<In>::Load(x) * static_cast<C>(scale);
+    return Traits<Out>::Store(static_cast<typename Traits<Out>::Compute>(v));
+  } else {
+    if (scale != 1.0) return static_cast<Out>(static_cast<double>(x) * scale);
+    return static_cast<Out>(static_cast<int64_t>(x) / divisor);
   }
 }
 
-// Same-type copy of `count` bytes per task: 16 bytes per thread when both
-// pointers are 16-byte aligned, else 4, else 1.
+// kVec consecutive elements, moved as one access of up to 16 bytes (two
+// for 32 bytes).
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec < 16 ? sizeof(T) * kVec : 16) Chunk {
+  T v[kVec];
+};
+
+// Elements per thread and access: 16 bytes of the wider of the two types.
+template <typename In, typename Out>
+struct VecOf {
+  static constexpr int value = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
+};
+
+template <typename T, int kVec>
+__device__ __forceinline__ bool Aligned(const void* p) {
+  constexpr uintptr_t kAlign = alignof(Chunk<T, kVec>);
+  return (reinterpret_cast<uintptr_t>(p) & (kAlign - 1)) == 0;
+}
+
+// blockIdx.y picks the task; the blocks along x stride over its elements,
+// kVec at a time (16-byte loads and stores) when both pointers allow it.
+template <typename In, typename Out>
+__global__ void ScaledCopyKernel(TaskBatch batch, double scale, int64_t divisor) {
+  constexpr int kVec = VecOf<In, Out>::value;
+  const CopyTask task = batch.tasks[blockIdx.y];
+  const In* src = static_cast<const In*>(task.src);
+  Out* dst = static_cast<Out*>(task.dst);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (kVec > 1 && Aligned<In, kVec>(src) && Aligned<Out, kVec>(dst)) {
+    const int64_t chunks = task.count / kVec;
+    const auto* in = reinterpret_cast<const Chunk<In, kVec>*>(src);
+    auto* out = reinterpret_cast<Chunk<Out, kVec>*>(dst);
+    for (int64_t i = first; i < chunks; i += stride) {
+      const Chunk<In, kVec> x = in[i];
+      Chunk<Out, kVec> y;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) y.v[k] = Convert<In, Out>(x.v[k], scale, divisor);
+      out[i] = y;
+    }
+    done = chunks * kVec;
+  }
+  for (int64_t i = done + first; i < task.count; i += stride) {
+    dst[i] = Convert<In, Out>(src[i], scale, divisor);
+  }
+}
+
+// Same-type copy of `count` bytes per task, 16 bytes per thread and access
+// when source and destination are equally placed within 16 bytes (after a
+// head of up to 15 single bytes), else 4 when they are within 4, else 1.
 __global__ void CopyBytesKernel(TaskBatch batch) {
   const CopyTask task = batch.tasks[blockIdx.y];
   const char* src = static_cast<const char*>(task.src);
@@ -90,21 +131,26 @@ __global__ void CopyBytesKernel(TaskBatch batch) {
   const int64_t bytes = task.count;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const uintptr_t both = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst);
-  int64_t done = 0;
-  if ((both & 15) == 0) {
-    const int64_t n = bytes / 16;
-    for (int64_t i = first; i < n; i += stride) {
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    }
-    done = n * 16;
-  } else if ((both & 3) == 0) {
-    const int64_t n = bytes / 4;
-    for (int64_t i = first; i < n; i += stride) {
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-    }
-    done = n * 4;
+  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t apart = s ^ reinterpret_cast<uintptr_t>(dst);
+  const int64_t width = (apart & 15) == 0 ? 16 : (apart & 3) == 0 ? 4 : 1;
+  int64_t head = 0;
+  if (width > 1) {
+    head = static_cast<int64_t>((width - (s & (width - 1))) & (width - 1));
+    if (head > bytes) head = bytes;
   }
+  for (int64_t i = first; i < head; i += stride) dst[i] = src[i];
+  const int64_t n = (bytes - head) / width;
+  if (width == 16) {
+    const uint4* in = reinterpret_cast<const uint4*>(src + head);
+    uint4* out = reinterpret_cast<uint4*>(dst + head);
+    for (int64_t i = first; i < n; i += stride) out[i] = in[i];
+  } else if (width == 4) {
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(src + head);
+    uint32_t* out = reinterpret_cast<uint32_t*>(dst + head);
+    for (int64_t i = first; i < n; i += stride) out[i] = in[i];
+  }
+  const int64_t done = width > 1 ? head + n * width : 0;
   for (int64_t i = done + first; i < bytes; i += stride) dst[i] = src[i];
 }
 

@@ -164,4 +164,5 @@ def run(args):
 
 
 def main(argv):
-    return run(build_parser().parse_args(argv))
+    run(build_parser().parse_args(argv))
+    return 0
