@@ -7,8 +7,10 @@
 # on the GPU at 1, 2 and 4 ranks, and the GPU benchmarks. Every step has a
 # time limit and its own log; a failed step does not stop the others.
 #
-#   bash scripts/gpu_check.sh OUTDIR [WHEELDIR]
+#   bash scripts/gpu_check.sh OUTDIR [WHEELDIR] [STEPS]
 #
+# STEPS, a space-separated list of step names (see the end of this file),
+# runs only those (e.g. "environment install-mpi build smoke gpu-tests-1rank").
 # OUTDIR gets summary.txt (one line per step: status, seconds), the
 # benchmarks' JSON files, junit.xml and logs.tar.gz (every step's log,
 # brought up to date after each step, so a run cut short keeps its logs).
@@ -18,6 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: gpu_check.sh OUTDIR [WHEELDIR]}"
 wheels="${2:-.whl}"
+only="${3:-}"
 python="$(command -v "${PYTHON:-python3}")"
 python="$("$python" -c 'import sys; print(sys.executable)')"  # absolute: ranks run it too
 mkdir -p "$out"
@@ -37,6 +40,7 @@ failed=0
 step() {
   local name="$1" limit="$2"
   shift 2
+  if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then return 0; fi
   local log="$logs/$name.log" start end rc
   start=$(date +%s.%N)
   # (through bash, so that COMMAND may be one of the functions below)

@@ -134,10 +134,10 @@ py::object ExportDevice(std::shared_ptr<DeviceBuffer> buffer, DataType dtype,
 // Views the caller's arrays for `w` and fills in the request's dtype and
 // shape. `output` is None for an in-place collective or an owned result.
 void AttachTensors(PyWork* w, Request* r, py::handle input, py::handle output, bool in_place,
-                   int dtype) {
-  w->input.emplace(input, in_place, dtype, ArgName{"tensor '", r->name, "'"});
+                   int dtype, bool caller_orders) {
+  w->input.emplace(input, in_place, dtype, ArgName{"tensor '", r->name, "'"}, caller_orders);
   if (!output.is_none()) {
-    w->output.emplace(output, true, dtype, ArgName{"output of '", r->name, "'"});
+    w->output.emplace(output, true, dtype, ArgName{"output of '", r->name, "'"}, caller_orders);
   }
   r->dtype = w->input->view().dtype;
   r->shape = w->input->view().shape;
@@ -240,7 +240,7 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
     const bool in_place = o.in_place || (!outputs.is_none() && output_list[i].is(inputs[i]));
     AttachTensors(w.get(), &r, inputs[i],
                   outputs.is_none() || in_place ? py::none() : py::object(output_list[i]), in_place,
-                  o.dtypes.empty() ? -1 : o.dtypes[i]);
+                  o.dtypes.empty() ? -1 : o.dtypes[i], o.stream >= 0);
     entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits,
                                 entries.empty() ? nullptr : &entries.back()));
     works.push_back(std::move(w));
@@ -334,7 +334,7 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
   const bool in_place = o.in_place || outputs.is(tensors);
   auto w = std::make_unique<PyWork>();
   AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
-                o.dtypes.empty() ? -1 : o.dtypes[0]);
+                o.dtypes.empty() ? -1 : o.dtypes[0], o.stream >= 0);
   TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits);
   return EnqueueOne(*engine, o.process_set, std::move(w), std::move(entry));
 }

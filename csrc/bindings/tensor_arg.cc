@@ -126,10 +126,11 @@ const char* kSupported =
 
 }  // namespace
 
-TensorArg::TensorArg(py::handle object, bool writable, int dtype_override, const ArgName& what) {
+TensorArg::TensorArg(py::handle object, bool writable, int dtype_override, const ArgName& what,
+                     bool caller_orders) {
   try {
     if (!FromBuffer(object, writable, what) && !FromCudaArrayInterface(object, writable, what)) {
-      FromDlpack(object, what);
+      FromDlpack(object, what, caller_orders);
     }
     if (dtype_override >= 0) {
       const DataType requested = static_cast<DataType>(dtype_override);
@@ -233,12 +234,14 @@ bool TensorArg::FromBuffer(py::handle object, bool writable, const ArgName& what
   return true;
 }
 
-void TensorArg::FromDlpack(py::handle object, const ArgName& what) {
+void TensorArg::FromDlpack(py::handle object, const ArgName& what, bool caller_orders) {
   if (!py::hasattr(object, "__dlpack__")) {
     ThrowTypeError(what.str() + ": expected an array (buffer protocol or __dlpack__), got " +
                    std::string(py::str(py::type::of(object).attr("__name__"))));
   }
-  py::object capsule = object.attr("__dlpack__")();
+  // Stream -1 is DLPack's "do not synchronize": hora orders its own work.
+  py::object capsule = caller_orders ? object.attr("__dlpack__")(py::arg("stream") = -1)
+                                     : object.attr("__dlpack__")();
   void* pointer = PyCapsule_GetPointer(capsule.ptr(), "dltensor");
   if (pointer == nullptr) throw py::error_already_set();
   managed_ = static_cast<dlpack::ManagedTensor*>(pointer);

@@ -27,7 +27,12 @@ class TensorArg {
   // `what` names the argument in error messages.
   // `dtype_override` >= 0 reinterprets the elements (bfloat16 arrives as a
   // uint16 view from NumPy, which has no bfloat16 of its own).
-  TensorArg(pybind11::handle object, bool writable, int dtype_override, const ArgName& what);
+  // `caller_orders`: the caller gave the CUDA stream that produces GPU
+  // tensors, and hora orders its work after it, so a DLPack export is asked
+  // not to synchronize (stream -1): for PyTorch that saves the stream
+  // lookups, and an event, on every tensor.
+  TensorArg(pybind11::handle object, bool writable, int dtype_override, const ArgName& what,
+            bool caller_orders = false);
   // Contiguous host memory the caller describes itself (a torch CPU tensor's
   // data_ptr, shape and dtype, which cost far less to read than a DLPack
   // export); `owner` is kept alive until the collective has completed.
@@ -43,7 +48,7 @@ class TensorArg {
 
  private:
   bool FromBuffer(pybind11::handle object, bool writable, const ArgName& what);
-  void FromDlpack(pybind11::handle object, const ArgName& what);
+  void FromDlpack(pybind11::handle object, const ArgName& what, bool caller_orders);
   // Objects that only describe GPU memory (numba, some CuPy versions).
   bool FromCudaArrayInterface(pybind11::handle object, bool writable, const ArgName& what);
   void Release();
