@@ -172,6 +172,22 @@ def test_bad_setting_fails_init_and_leaves_it_retryable(restore_init, rank, size
             assert_same(result, np.full(2, total + size * i, np.int32))
 
 
+@pytest.mark.parametrize("variable,value,expected", [
+    ("HORA_SHARED_GPU", "sometimes", "auto, stage or error"),
+    ("HORA_JOIN_AVERAGE", "median", "size or contributors"),
+])
+def test_bad_choice_names_the_variable_and_the_choices(restore_init, variable, value, expected):
+    hora.barrier()
+    hora.shutdown()
+    os.environ[variable] = value
+    try:
+        with pytest.raises(ValueError, match=variable) as raised:
+            hora.init()
+        assert value in str(raised.value) and expected in str(raised.value), raised.value
+    finally:
+        del os.environ[variable]
+
+
 def run_mixed_batch(tag, rank):
     """40 allreduces of mixed sizes and dtypes in flight together."""
     handles = []

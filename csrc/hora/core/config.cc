@@ -105,8 +105,15 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   const Source shared_gpu = Find(lookup, "HORA_SHARED_GPU", nullptr);
   if (shared_gpu.value != nullptr) {
     const std::string value = shared_gpu.value;
-    if (value != "stage" && value != "error") return Invalid(shared_gpu, "stage or error");
-    result.stage_shared_gpu = value == "stage";
+    if (value == "auto") {
+      result.shared_gpu = SharedGpuPolicy::kAuto;
+    } else if (value == "stage") {
+      result.shared_gpu = SharedGpuPolicy::kStage;
+    } else if (value == "error") {
+      result.shared_gpu = SharedGpuPolicy::kError;
+    } else {
+      return Invalid(shared_gpu, "auto, stage or error");
+    }
   }
   HORA_RETURN_IF_ERROR(
       ReadBool(Find(lookup, "HORA_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS"),

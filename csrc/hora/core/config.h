@@ -9,6 +9,7 @@
 #include "hora/common/collective.h"
 #include "hora/common/logging.h"
 #include "hora/common/status.h"
+#include "hora/core/shared_gpu.h"
 
 namespace hora {
 
@@ -28,10 +29,9 @@ struct Config {
   // between hosts, NCCL allgather inside each host (instead of one NCCL
   // allreduce over every rank). Needs the same number of ranks per host.
   bool gpu_hierarchical_allreduce = false;
-  // Ranks of one host on the same GPU (NCCL refuses them): true (the
-  // default, HORA_SHARED_GPU=stage) runs the job's GPU collectives on host
-  // copies; false (HORA_SHARED_GPU=error) fails them, naming the ranks.
-  bool stage_shared_gpu = true;
+  // Ranks of one host on the same GPU, which NCCL refuses
+  // (HORA_SHARED_GPU=auto|stage|error; see core/shared_gpu.h).
+  SharedGpuPolicy shared_gpu = SharedGpuPolicy::kAuto;
   // Bytes of one shared-memory pipeline slot (kSlots per rank).
   int64_t shm_slot_bytes = 1024 * 1024;
   // Which host this rank counts as (default: ranks sharing memory form a

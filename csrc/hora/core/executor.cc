@@ -192,7 +192,7 @@ Status Executor::Gpu(const TensorEntry* entry, GpuExecutor** out) {
     const int device = entry != nullptr ? entry->input.device : -1;
     GpuOptions options;
     options.hierarchical = config_.gpu_hierarchical_allreduce;
-    options.stage_shared_gpu = config_.stage_shared_gpu;
+    options.shared_gpu = config_.shared_gpu;
     HORA_RETURN_IF_ERROR(CreateGpuExecutor(comm_, options, device, this, &gpu_));
   }
   *out = gpu_.get();

@@ -12,6 +12,7 @@
 #include "hora/comm/communicator.h"
 #include "hora/core/collective_plan.h"
 #include "hora/core/message.h"
+#include "hora/core/shared_gpu.h"
 #include "hora/core/tensor_queue.h"
 
 namespace hora {
@@ -43,9 +44,9 @@ struct GpuOptions {
   // Allreduce inside each host on the GPU and across hosts through
   // `comm->cross()` (needs the same number of ranks on every host).
   bool hierarchical = false;
-  // Ranks of one host on the same GPU: true runs the job's GPU collectives
-  // on host copies through `host`; false fails them, naming the ranks.
-  bool stage_shared_gpu = true;
+  // Ranks of one host on the same GPU: whether the job's GPU collectives
+  // run on host copies through `host` or fail, naming the ranks.
+  SharedGpuPolicy shared_gpu = SharedGpuPolicy::kAuto;
 };
 
 // Collective over `comm`: sets up the GPU path on `device` (-1: the default

@@ -9,6 +9,7 @@
 #include "hora/core/gpu_executor.h"
 #include "hora/core/gpu_executor_nccl.h"
 #include "hora/core/gpu_executor_staged.h"
+#include "hora/core/shared_gpu.h"
 #include "hora/cuda/cuda_status.h"
 #include "hora/cuda/device_runtime.h"
 
@@ -21,41 +22,19 @@ uint64_t HashName(const std::string& text) {
   return h;
 }
 
-// What each rank tells the others about its GPU before NCCL starts.
-struct DeviceCard {
-  uint8_t uuid[16];
-  uint64_t host;
-  int32_t rank;
-  int32_t device;
-  int32_t ok;
-  int32_t pad;
-};
-
 // This rank's part: picks the device and opens the stream on it.
-Status OpenLocal(const Communicator* comm, int device, gpu::GpuStream* stream, DeviceCard* card) {
+Status OpenLocal(const Communicator* comm, int device, gpu::GpuStream* stream, GpuCard* card) {
   if (device < 0) HORA_RETURN_IF_ERROR(gpu::DefaultDevice(comm->topology().local_rank, &device));
   card->device = device;
   HORA_RETURN_IF_ERROR(stream->Open(device));
+  int visible = 0;
+  HORA_RETURN_IF_ERROR(gpu::CudaStatus(cudaGetDeviceCount(&visible), "cudaGetDeviceCount"));
+  card->visible = visible;
   cudaDeviceProp properties{};
   HORA_RETURN_IF_ERROR(
       gpu::CudaStatus(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties"));
   std::memcpy(card->uuid, &properties.uuid, sizeof(card->uuid));
   return Status::OK();
-}
-
-// The first two ranks of one host that hold the same GPU, as a sentence;
-// empty when every rank of a host has a GPU of its own.
-std::string SharedGpu(const std::vector<DeviceCard>& cards) {
-  for (size_t a = 0; a < cards.size(); ++a) {
-    for (size_t b = a + 1; b < cards.size(); ++b) {
-      if (cards[a].host == cards[b].host && std::memcmp(cards[a].uuid, cards[b].uuid, 16) == 0) {
-        return "ranks " + std::to_string(cards[a].rank) + " and " + std::to_string(cards[b].rank) +
-               " on one host both use the same GPU (device " + std::to_string(cards[a].device) +
-               " and device " + std::to_string(cards[b].device) + " of their processes)";
-      }
-    }
-  }
-  return "";
 }
 
 }  // namespace
@@ -65,7 +44,7 @@ Status CreateGpuExecutor(Communicator* comm, const GpuOptions& options, int devi
   // Every rank first does its local part, then all exchange the outcome, so
   // a failure anywhere becomes the same error everywhere instead of a hang.
   auto stream = std::make_unique<gpu::GpuStream>();
-  DeviceCard mine{};
+  GpuCard mine{};
   mine.rank = comm->rank();
   mine.host = HashName(comm->topology().hostname);
   mine.device = device;
@@ -73,34 +52,30 @@ Status CreateGpuExecutor(Communicator* comm, const GpuOptions& options, int devi
   if (!local.ok()) cudaGetLastError();
   mine.ok = local.ok() ? 1 : 0;
   const int size = comm->size();
-  std::vector<DeviceCard> cards(size);
+  std::vector<GpuCard> cards(size);
   HORA_RETURN_IF_ERROR(comm->Allgatherv(&mine, sizeof(mine), cards.data(),
-                                        std::vector<int64_t>(size, sizeof(DeviceCard))));
+                                        std::vector<int64_t>(size, sizeof(GpuCard))));
   if (!local.ok()) return local.WithContext("setting up this rank's GPU");
   std::ostringstream failed;
-  for (const DeviceCard& c : cards) {
+  for (const GpuCard& c : cards) {
     if (!c.ok) failed << (failed.tellp() > 0 ? ", " : "") << c.rank;
   }
   if (failed.tellp() > 0) {
     return Status::Internal("GPU setup failed on rank(s) " + failed.str() + "; see their errors");
   }
-  const std::string shared = SharedGpu(cards);
-  if (shared.empty()) return gpu::NcclExecutor::Create(comm, options.hierarchical, std::move(stream), out);
-  if (!options.stage_shared_gpu) {
-    return Status::InvalidArgument(
-        shared +
-        "; NCCL needs a GPU per rank. Give each rank its own GPU, e.g. "
-        "torch.cuda.set_device(hvd.local_rank()), or set CUDA_VISIBLE_DEVICES per rank; or "
-        "unset HORA_SHARED_GPU (its default, stage, runs such jobs through host memory)");
+  const SharedGpuChoice choice = ChooseSharedGpu(cards, options.shared_gpu);
+  if (choice.shared.empty()) {
+    return gpu::NcclExecutor::Create(comm, options.hierarchical, std::move(stream), out);
   }
+  if (!choice.stage) return Status::InvalidArgument(choice.error);
   if (comm->rank() == 0) {
-    HORA_LOG(kWarning) << shared
+    HORA_LOG(kWarning) << choice.shared
                        << ", which NCCL does not allow: this job's GPU collectives are copied "
                           "through host memory and run on the CPU path (correct, but slow). "
                           "Give each rank its own GPU for NCCL; HORA_SHARED_GPU=error makes "
                           "this an error instead.";
   }
-  *out = std::make_unique<gpu::StagedExecutor>(comm, host, std::move(stream), shared);
+  *out = std::make_unique<gpu::StagedExecutor>(comm, host, std::move(stream), choice.shared);
   return Status::OK();
 }
 

@@ -66,8 +66,8 @@ Status StagedExecutor::Allreduce(const Response* batch, size_t batch_size, Tenso
     if (!present[k]) continue;
     const TensorEntry& e = entries[k];
     char* slot = host + offsets[k];
-    HORA_CUDA(cudaMemcpyAsync(slot, e.input.data, e.input.NumBytes(), cudaMemcpyDeviceToHost,
-                              stream_));
+    HORA_CUDA(
+        cudaMemcpyAsync(slot, e.input.data, e.input.NumBytes(), cudaMemcpyDeviceToHost, stream_));
     staged[k].input = e.input;
     staged[k].input.data = slot;
     staged[k].input.device = -1;
@@ -75,8 +75,8 @@ Status StagedExecutor::Allreduce(const Response* batch, size_t batch_size, Tenso
     staged[k].work = e.work;
   }
   HORA_CUDA(cudaStreamSynchronize(stream_));
-  const CollectivePlan plan = PlanCollective(host_batch[0], host_batch[0].shape, comm_->rank(),
-                                             comm_->size());
+  const CollectivePlan plan =
+      PlanCollective(host_batch[0], host_batch[0].shape, comm_->rank(), comm_->size());
   HORA_RETURN_IF_ERROR(
       host_->Allreduce(host_batch.data(), batch_size, staged.data(), present, plan));
   for (size_t k = 0; k < batch_size; ++k) {
@@ -123,8 +123,8 @@ Status StagedExecutor::Run(const Response& response, TensorEntry& e, const Colle
   std::shared_ptr<DeviceBuffer> out;
   HORA_RETURN_IF_ERROR(AllocateOutput(result_bytes, &out));
   if (result_bytes > 0) {
-    HORA_CUDA(cudaMemcpyAsync(out->data, result->data(), result_bytes, cudaMemcpyHostToDevice,
-                              stream_));
+    HORA_CUDA(
+        cudaMemcpyAsync(out->data, result->data(), result_bytes, cudaMemcpyHostToDevice, stream_));
   }
   // `result` is pageable memory that goes away when this returns.
   HORA_CUDA(cudaStreamSynchronize(stream_));
