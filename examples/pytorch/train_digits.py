@@ -69,7 +69,7 @@ class DigitNet(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def evaluate(model, images, labels, device):
+def evaluate(model, images, labels, device="cpu"):
     """Accuracy over the whole set; each rank scores every size()-th image."""
     model.eval()
     with torch.no_grad():
