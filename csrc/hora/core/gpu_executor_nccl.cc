@@ -1,11 +1,8 @@
 #include "hora/core/gpu_executor_nccl.h"
 
-#include <cstring>
-
 #include "hora/algo/host_kernels.h"
 #include "hora/common/logging.h"
 #include "hora/cuda/cuda_status.h"
-#include "hora/cuda/device_runtime.h"
 
 namespace hora {
 namespace gpu {

@@ -40,11 +40,6 @@ Status StagedExecutor::Pinned(int64_t bytes, char** out) {
   return Status::OK();
 }
 
-CollectivePlan StagedExecutor::HostPlan(const Response& response,
-                                        const std::vector<int64_t>& shape) const {
-  return PlanCollective(OnHost(response), shape, comm_->rank(), comm_->size());
-}
-
 Status StagedExecutor::Allreduce(const Response* batch, size_t batch_size, TensorEntry* entries,
                                  const std::vector<bool>& present, const CollectivePlan&) {
   HORA_RETURN_IF_ERROR(WaitForCallers(entries, batch_size, &present));
@@ -106,7 +101,7 @@ Status StagedExecutor::Run(const Response& response, TensorEntry& e, const Colle
   staged.output = separate_output ? host + Align64(bytes) : host;
   staged.work = e.work;
   const Response on_host = OnHost(response);
-  const CollectivePlan plan = HostPlan(response, e.input.shape);
+  const CollectivePlan plan = PlanCollective(on_host, e.input.shape, comm_->rank(), comm_->size());
   HORA_RETURN_IF_ERROR(host_->Run(on_host, staged, plan));
   if (broadcast) {
     if (bytes > 0) {
@@ -118,7 +113,6 @@ Status StagedExecutor::Run(const Response& response, TensorEntry& e, const Colle
   // Allgather, alltoall, reducescatter: the CPU path left its result in
   // the Work's host buffer; the caller gets it in device memory.
   std::shared_ptr<OwnedBuffer> result = std::move(e.work->output);
-  e.work->output.reset();
   const int64_t result_bytes = result ? static_cast<int64_t>(result->size()) : 0;
   std::shared_ptr<DeviceBuffer> out;
   HORA_RETURN_IF_ERROR(AllocateOutput(result_bytes, &out));

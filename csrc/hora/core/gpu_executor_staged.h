@@ -29,8 +29,6 @@ class StagedExecutor : public StreamExecutor {
  private:
   // The pinned host buffer, grown on demand (its old contents are lost).
   Status Pinned(int64_t bytes, char** out);
-  // The plan the CPU path makes for `response` (host wire types).
-  CollectivePlan HostPlan(const Response& response, const std::vector<int64_t>& shape) const;
 
   Communicator* comm_;
   CollectivePath* host_;
