@@ -5,9 +5,15 @@
 // n-th arriving from its left) followed by an allgather around the ring.
 // Every rank sends and receives 2(n-1)/n of the buffer, the minimum.
 //
-// Each step's block travels as several pieces that are all posted at once,
-// and a piece is reduced as soon as it arrives, so the reduction of one
-// piece overlaps the transfer of the next.
+// The blocks travel as pieces, and the 2(n-1) steps run as one pipeline:
+// the block a rank sends in step t+1 is the one it received (and, in the
+// reduce-scatter, reduced) in step t, so each piece is passed on as soon
+// as it is ready instead of after the whole step. The link therefore never
+// drains between steps: with a step-by-step ring each step boundary left
+// it idle for a round trip and a queue's worth of data, which on a shaped
+// 1 Gb/s link cost 10-20% of a 16 MiB allreduce. Pieces of 1 MiB kept that
+// link 1-2% busier than pieces of 256 or 512 KiB (fewer messages, each
+// with its own rendezvous).
 #include <cstdint>
 #include <vector>
 
@@ -17,7 +23,7 @@ namespace hora {
 
 class RingAllreduce {
  public:
-  explicit RingAllreduce(int64_t piece_bytes = 512 * 1024) : piece_bytes_(piece_bytes) {}
+  explicit RingAllreduce(int64_t piece_bytes = 1 << 20) : piece_bytes_(piece_bytes) {}
 
   // `send == nullptr` means in place on `recv`. Half types are not accepted.
   Status Run(Communicator* comm, const void* send, void* recv, int64_t count, DataType dtype,

@@ -322,9 +322,20 @@ Status LocalCommunicator::ReduceScatter(const void* send, void* recv,
 }
 
 Status LocalCommunicator::PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) {
-  // Buffered: the message is copied now, so the send is complete at once.
   world_->Send(rank(), dest, tag, buffer, bytes);
   *id = next_id_++;
+  sends_[*id] = PostedSend{buffer, std::string(static_cast<const char*>(buffer), bytes)};
+  return Status::OK();
+}
+
+Status LocalCommunicator::CompleteSend(std::map<int, PostedSend>::iterator send) {
+  const PostedSend posted = std::move(send->second);
+  sends_.erase(send);
+  if (!posted.bytes.empty() &&
+      std::memcmp(posted.buffer, posted.bytes.data(), posted.bytes.size()) != 0) {
+    return Status::Internal("local transport: rank " + std::to_string(rank()) +
+                            " wrote to the buffer of a send before the send was complete");
+  }
   return Status::OK();
 }
 
@@ -335,6 +346,8 @@ Status LocalCommunicator::PostRecv(void* buffer, int64_t bytes, int source, int 
 }
 
 Status LocalCommunicator::Wait(int id) {
+  const auto send = sends_.find(id);
+  if (send != sends_.end()) return CompleteSend(send);
   while (!pending_.empty() && pending_.front().id <= id) {
     const Pending p = pending_.front();
     pending_.pop_front();
@@ -345,6 +358,7 @@ Status LocalCommunicator::Wait(int id) {
 
 Status LocalCommunicator::WaitAll() {
   while (!pending_.empty()) HORA_RETURN_IF_ERROR(Wait(pending_.front().id));
+  while (!sends_.empty()) HORA_RETURN_IF_ERROR(CompleteSend(sends_.begin()));
   return Status::OK();
 }
 

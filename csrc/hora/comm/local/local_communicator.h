@@ -103,6 +103,16 @@ class LocalCommunicator : public Communicator {
     int tag;
   };
   std::deque<Pending> pending_;
+  // Posted sends, with the bytes they sent. The message is copied when it
+  // is posted, but MPI may read the buffer any time until the send is
+  // complete, so completing one checks that nobody wrote to its buffer in
+  // the meantime: what MPI would have sent.
+  struct PostedSend {
+    const void* buffer;
+    std::string bytes;
+  };
+  std::map<int, PostedSend> sends_;
+  Status CompleteSend(std::map<int, PostedSend>::iterator send);
   int next_id_ = 0;
   uint64_t splits_ = 0;  // Split calls so far (the same count on every rank)
 };
