@@ -12,9 +12,14 @@
 #include "hora/common/logging.h"
 
 namespace hora {
+
 namespace {
 
 std::atomic<bool> g_job_broken{false};
+
+// Whether waits may spin while a caller of this process is blocked (see
+// Engine::Launch); the job's engine sets it, every engine reads it.
+std::atomic<bool> g_spin_waits_allowed{true};
 
 std::string RankList(const std::vector<int>& ranks) {
   std::ostringstream s;
@@ -132,6 +137,13 @@ Status Engine::Launch(std::unique_ptr<Communicator> comm, const Config& config,
   const Topology& t = engine->comm_->topology();
   const bool oversubscribed = t.local_size > static_cast<int>(std::thread::hardware_concurrency());
   engine->spin_allowed_ = !oversubscribed && t.size > 1;
+  if (set == nullptr) {
+    // Spinning while a caller waits takes a core nobody else needs only
+    // when every rank of the host has one of its own, and HORA_SPIN_US=0
+    // says they do not. Decided once for the process from the whole job,
+    // since every engine (one per process set) sets the flag it reads.
+    g_spin_waits_allowed.store(!oversubscribed && config.spin_us > 0, std::memory_order_relaxed);
+  }
   EngineParameters initial;
   initial.fusion_threshold_bytes = config.fusion_threshold_bytes;
   initial.cycle_time_ms = config.cycle_time_ms;
@@ -549,7 +561,8 @@ bool Engine::RunOneCycle(bool* go_idle) {
   EngineParameters next;
   if (autotuner_ && autotuner_->Next(now, &next)) controller_.Announce(next);
   const bool waiting = Work::Waiters() > 0;
-  SpinWhileWaiting().store(waiting, std::memory_order_relaxed);
+  SpinWhileWaiting().store(waiting && g_spin_waits_allowed.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
   // A hot cycle follows one in which some caller was waiting: the peers
   // are right behind, so blocking calls are fastest. Every rank knows
   // whether this cycle is hot, and (after negotiating) whether anyone waits.
