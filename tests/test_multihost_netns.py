@@ -5,12 +5,13 @@ namespace, act as hosts ``ns-a`` and ``ns-b``. horarun reaches them through
 a remote-shell agent that enters the namespace (and gives it its own host
 name) instead of logging in with ssh; mpirun's daemons there connect back
 over the bridge, and MPI traffic between the ranks crosses the veth links.
-Needs root and the ``ip`` and ``unshare`` tools; skipped, with the reason,
+The hosts are built by ``hora.bench.netns_hosts``. Needs root and the
+``ip`` and ``unshare`` tools; skipped, with the reason,
 where the machine cannot create namespaces.
 """
+import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 
 import pytest
 
+from hora.bench import netns_hosts
 from hora.runner import mpi_command
 
 ROOT = pathlib.Path(__file__).resolve().parent
@@ -25,18 +27,14 @@ JOB_TIMEOUT_SECONDS = 600
 HOSTS = ("ns-a", "ns-b")
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
 
 
 def _why_not():
-    if sys.platform != "linux":
-        return "network namespaces are a Linux feature"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"the '{tool}' tool is not installed (iproute2 / util-linux)"
+    reason = netns_hosts.why_not()
+    if reason:
+        return reason
     try:
         flavour = mpi_command.query_flavour(mpi_command.find_mpirun())
     except mpi_command.MpiError as exc:
@@ -46,73 +44,18 @@ def _why_not():
     return None
 
 
-class FakeHosts:
-    def __init__(self, tag, subnet, workdir):
-        self.bridge = f"hbr{tag}"
-        self.subnet = subnet
-        self.namespaces = {host: f"hora-{tag}-{host}" for host in HOSTS}
-        self.veths = {host: f"hv{tag}{host[-1]}" for host in HOSTS}
-        self.agent = workdir / "netns-agent"
-
-    def create(self):
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-        for index, host in enumerate(HOSTS, start=1):
-            ns, veth = self.namespaces[host], self.veths[host]
-            _ip("netns", "add", ns)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", veth, "master", self.bridge)
-            _ip("link", "set", veth, "up")
-            _ip("-n", ns, "addr", "add", f"{self.subnet}.{index}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        # mpirun calls "agent HOST COMMAND..." where it would call ssh.
-        cases = "\n".join(f"  {host}) ns={ns} ;;" for host, ns in self.namespaces.items())
-        self.agent.write_text(
-            "#!/bin/sh\n"
-            "host=$1; shift\n"
-            f'case "$host" in\n{cases}\n'
-            '  *) echo "netns-agent: no namespace for host $host" >&2; exit 255 ;;\n'
-            "esac\n"
-            'exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $host && $*"\n')
-        self.agent.chmod(0o755)
-
-    def destroy(self):
-        for ns in self.namespaces.values():
-            _ip("netns", "del", ns, check=False)
-        _ip("link", "del", self.bridge, check=False)
-
-    def tx_bytes(self):
-        return {host: int(pathlib.Path(f"/sys/class/net/{veth}/statistics/tx_bytes").read_text())
-                for host, veth in self.veths.items()}
-
-    def mpi_args(self, yield_when_idle=False):
-        return (f"--prtemca plm_ssh_agent {self.agent} --mca btl tcp,self "
-                f"--mca btl_tcp_if_include {self.subnet}.0/24 "
-                f"--prtemca oob_tcp_if_include {self.subnet}.0/24"
-                + (" --mca mpi_yield_when_idle 1" if yield_when_idle else ""))
-
-
 @pytest.fixture(scope="module")
 def fake_hosts(tmp_path_factory):
     reason = _why_not()
     if reason:
         pytest.skip(reason)
     tag = str(os.getpid() % 100000)
-    hosts = FakeHosts(tag, f"10.231.{os.getpid() % 250}", tmp_path_factory.mktemp("netns"))
+    hosts = netns_hosts.NetnsHosts(tag, f"10.231.{os.getpid() % 250}",
+                                   tmp_path_factory.mktemp("netns"))
     try:
         hosts.create()
-    except subprocess.CalledProcessError as exc:
-        hosts.destroy()
-        pytest.skip(f"this machine cannot build the namespaces: '{' '.join(exc.cmd)}' said "
-                    f"{exc.stderr.strip()!r}")
-    probe = subprocess.run([str(hosts.agent), "ns-a", "hostname"], capture_output=True, text=True,
-                           timeout=30)
-    if probe.returncode != 0 or probe.stdout.strip() != "ns-a":
-        hosts.destroy()
-        pytest.skip(f"cannot enter the namespaces with a host name of their own: "
-                    f"{(probe.stderr or probe.stdout).strip()!r}")
+    except netns_hosts.NetnsError as exc:
+        pytest.skip(str(exc))
     yield hosts
     hosts.destroy()
 
@@ -124,8 +67,14 @@ def horarun(fake_hosts, host_arg, command, extra_env=None, options=(), yield_whe
     cmd = [sys.executable, "-m", "hora.runner", "-np", str(sum(int(h.split(":")[1])
                                                                for h in host_arg.split(","))),
            "-H", host_arg, "--mpi-args", fake_hosts.mpi_args(yield_when_idle), *options, *command]
-    return subprocess.run(cmd, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
+    try:
+        return subprocess.run(cmd, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        # Only horarun was killed: its ranks would load the machine for the
+        # tests that follow.
+        fake_hosts.kill_processes()
+        raise
 
 
 def test_ranks_run_in_their_own_hosts(fake_hosts):
@@ -150,12 +99,13 @@ def test_collective_suite_across_hosts(fake_hosts, host_arg):
     skip = [f"--ignore={ROOT / 'parallel' / name}"
             for name in ("test_mismatch_errors.py", "test_shutdown_reinit.py")] if ranks > 3 else []
     # Each pretend host believes it has all of this machine's cores, so with
-    # two ranks on each, twice as many ranks as cores would be pinned and
-    # busy-waiting. Tell every layer the truth: no pinning, MPI yields when
+    # two ranks on each, mpirun would pin one rank of each host to every
+    # core, and a test that busy-polls a handle would starve its core's
+    # other rank. Tell every layer the truth: no pinning, MPI yields when
     # idle, hora does not spin.
     options, env = [], {"HORA_TEST_REAL_HOSTS": "2", "HORA_TEST_FAKE_HOSTS": "0"}
     if ranks > mpi_command.usable_cores():
-        options = ["--binding-args", ""]
+        options = ["--binding-args", "--bind-to none"]
         env["HORA_SPIN_US"] = "0"
     before = fake_hosts.tx_bytes()
     done = horarun(fake_hosts, host_arg,
@@ -229,6 +179,8 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
     finally:
         if job.poll() is None:
             job.kill()
+            job.wait()
+            fake_hosts.kill_processes()
     output = "".join(lines)
     assert job.returncode == 0, output[-20000:]
     assert worlds == 2, output[-20000:]
@@ -240,3 +192,34 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
     assert all(result["size"] == 2 and result["resets"] == 2 for result in results)
     for got, want in zip(results[1]["params"], results[0]["params"]):
         assert torch.equal(got, want)
+
+
+def test_multihost_bench_shapes_the_links_and_checks_every_result(tmp_path):
+    """python -m hora.bench multihost builds hosts of its own, limits their
+    links and runs the allreduce sweep across them: every result is right,
+    and nothing crosses a link faster than its rate allows."""
+    reason = _why_not() or netns_hosts.why_not(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "multihost.json"
+    before = _ip("netns", "list").stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "hora.bench", "multihost", "--rate", "1gbit",
+         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
+         "--json", str(out)], cwd=ROOT.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=JOB_TIMEOUT_SECONDS)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-20000:]
+    result = json.loads(out.read_text())
+    link = result["link_bytes_per_second"]
+    assert link == 1e9 / 8 and result["hosts"] == 2
+    # the probe saw the shaped link, not the unshaped veth (many Gb/s)
+    assert 0.5 * link < result["tcp_goodput_bytes_per_second"] <= 1.05 * link
+    [entry] = result["sizes"]
+    assert entry["size"] == 1 << 20 and set(entry["impls"]) == {"hora", "mpi"}
+    for name, impl in entry["impls"].items():
+        assert impl["wrong"] == 0, (name, impl)
+        assert 0 < impl["busbw"] * 1e9 <= 1.05 * link, (name, impl)
+    assert "hora/mpi" in done.stdout and "of link" in done.stdout
+    # its namespaces are gone again
+    assert _ip("netns", "list").stdout == before
