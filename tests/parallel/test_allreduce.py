@@ -114,3 +114,45 @@ def test_bool_and_numeric_extremes(dtype, rank, size):
     everyone = [contribution(r) for r in range(size)]
     assert_same(got_min, reduce_reference(everyone, hora.Min, dtype))
     assert_same(got_max, reduce_reference(everyone, hora.Max, dtype))
+
+
+def test_results_written_into_given_arrays(rank, size):
+    tag = "allreduce.out"
+    x = rank_input(tag, rank, SHAPE, np.float32)
+    out = np.full(SHAPE, np.nan, np.float32)
+    result = hora.synchronize(hora.allreduce_async(x, name=tag, op=hora.Sum, out=out))
+    assert result is out
+    assert_reduced(out, reduce_reference(inputs_of(tag, range(size), SHAPE, np.float32),
+                                         hora.Sum, np.float32), hora.Sum)
+    members = [rank_input(f"{tag}.{k}", rank, (k + 2,), np.float64) for k in range(3)]
+    outs = [np.empty_like(m) for m in members]
+    results = hora.synchronize(hora.grouped_allreduce_async(members, name=f"{tag}.group",
+                                                            op=hora.Max, out=outs))
+    for k, (got, given) in enumerate(zip(results, outs)):
+        assert got is given
+        expected = reduce_reference(inputs_of(f"{tag}.{k}", range(size), (k + 2,), np.float64),
+                                    hora.Max, np.float64)
+        assert_reduced(got, expected, hora.Max)
+
+
+def test_given_arrays_that_do_not_fit_are_refused_before_anything_is_sent(rank, size):
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match=r"allreduce 'bad.out': out has shape \(3,\) and dtype "
+                                         r"float32, the input \(4,\) and float32"):
+        hora.allreduce_async(x, name="bad.out", out=np.empty(3, np.float32))
+    with pytest.raises(ValueError, match="float64, the input"):
+        hora.allreduce_async(x, name="bad.out", out=np.empty(4, np.float64))
+    with pytest.raises(ValueError, match="writable C-contiguous"):
+        hora.allreduce_async(x, name="bad.out", out=np.empty(8, np.float32)[::2])
+    with pytest.raises(TypeError, match="out must be a NumPy array, got list"):
+        hora.allreduce_async(x, name="bad.out", out=[0.0] * 4)
+    with pytest.raises(ValueError, match="2 tensors but 1 arrays in out"):
+        hora.grouped_allreduce_async([x, x], name="bad.group", out=[np.empty(4, np.float32)])
+    # nothing was submitted: the same names work afterwards
+    assert hora.allreduce(x, name="bad.out", op=hora.Sum)[0] == size
+
+
+def test_a_given_array_that_overlaps_its_input_is_refused(rank, size):
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="out overlaps the input; use the in-place variant"):
+        hora.allreduce_async(x, name="bad.overlap", out=x)

@@ -267,3 +267,75 @@ def test_xla_compilation_is_refused_with_advice():
         return hvd.allreduce(x)
     with pytest.raises(Exception, match="jit_compile=False"):
         compiled(tf.zeros([2]))
+
+
+def test_collectives_run_their_python_unconverted_inside_tf_function(monkeypatch, rank, size):
+    """AutoGraph converts the user's tf.function and what it calls; the
+    Python a collective runs every step (the function handed to
+    tf.numpy_function) is hora's own code, not an AutoGraph rewrite of it
+    running through AutoGraph's loop operators, while what hora calls of
+    the user's (a compressor with Python control flow on tensors) is still
+    converted, as in Horovod."""
+    handed = []
+    original = tf.numpy_function
+
+    def recording(func, *args, **kwargs):
+        handed.append(func)
+        return original(func, *args, **kwargs)
+
+    monkeypatch.setattr(tf, "numpy_function", recording)
+
+    class SignDependent(hvd.Compression.none):
+        """Sends tensors as they are, with a branch on a tensor's value that
+        only works when AutoGraph converts it."""
+
+        @staticmethod
+        def compress(tensor):
+            if tf.reduce_sum(tensor) >= 0:
+                tensor = tensor * 1.0
+            else:
+                tensor = tensor * 1.0
+            return tensor, None
+
+    variables = [tf.Variable(tf.ones([3]) * (rank + 1)), tf.Variable(tf.ones([2, 2]))]
+
+    @tf.function(jit_compile=False)
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v * v) for v in variables])
+        tape = hvd.DistributedGradientTape(tape, compression=SignDependent)
+        grads = tape.gradient(loss, variables)
+        others = [hvd.grouped_allreduce([variables[0] * 1.0, variables[1] * 1.0]),
+                  hvd.allgather(variables[0] * 1.0), hvd.broadcast(variables[1] * 1.0, 0),
+                  hvd.alltoall(tf.ones([size]) * rank), hvd.reducescatter(tf.ones([size, 2])),
+                  hvd.size_op(), hvd.barrier()]
+        return grads, others
+
+    grads, _ = step()
+    # one per collective of step(), and the tape's reduction where there is
+    # anything to reduce (on one rank the gradients are returned as they are)
+    assert len(handed) == (8 if size > 1 else 7), [func.__qualname__ for func in handed]
+    for func in handed:
+        source = func.__code__.co_filename
+        assert "__autograph_generated" not in source, (func, source)
+        assert func.__module__.startswith("hora."), func
+    mean = (size + 1) / 2
+    np.testing.assert_allclose(grads[0].numpy(), np.full([3], 2 * mean))
+    np.testing.assert_allclose(grads[1].numpy(), np.full([2, 2], 2.0))
+
+
+def test_eager_reductions_reuse_their_result_arrays(rank, size):
+    """Eagerly, every call names its collectives anew; the arrays the
+    averaged gradients land in are still kept per result, not per call."""
+    variables = [tf.Variable(tf.ones([64]) * (rank + 1)), tf.Variable(tf.ones([8, 8]))]
+    reducer = None
+    for _ in range(6):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v * v) for v in variables])
+        tape = hvd.DistributedGradientTape(tape)
+        reducer = reducer or tape._hora_reducer
+        tape._hora_reducer = reducer
+        grads = tape.gradient(loss, variables)
+        np.testing.assert_allclose(grads[0].numpy(), np.full([64], (size + 1.0)))
+    kept = reducer._outputs._arrays
+    assert sum(len(arrays) for arrays in kept.values()) <= reducer._outputs.per_slot * 2, kept

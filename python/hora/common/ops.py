@@ -10,7 +10,7 @@ reduction over all ranks' inputs. Argument errors raise ``ValueError`` or
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -63,15 +63,33 @@ def _returns(values: Any) -> Callable[[Any], Any]:
 
 # --- allreduce ---------------------------------------------------------------
 
+def _check_out(out: Any, x: np.ndarray, what: str) -> np.ndarray:
+    """``out`` if it can take ``x``'s result, else ValueError naming both."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{what}: out must be a NumPy array, got {type(out).__name__}")
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"{what}: out has shape {out.shape} and dtype {out.dtype}, the input "
+                         f"{x.shape} and {x.dtype}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"{what}: out must be a writable C-contiguous array")
+    if np.may_share_memory(out, x):
+        raise ValueError(f"{what}: out overlaps the input; use the in-place variant "
+                         f"(allreduce_async_) to reduce an array into itself")
+    return out
+
+
 def allreduce_async(tensor: ArrayLike, name: str | None = None,
                     op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set) -> Handle:
+                    process_set: ProcessSet = global_process_set, *,
+                    out: np.ndarray | None = None) -> Handle:
     """Starts an allreduce and returns a :class:`Handle`; ``synchronize`` gives
-    a new array holding the reduction of ``tensor`` over all ranks."""
+    a new array holding the reduction of ``tensor`` over all ranks, or
+    ``out`` (an array of the same shape and dtype, sharing no memory with
+    ``tensor``) holding it."""
     name = check_name(name, "allreduce", process_set_id(process_set))
     x = _as_array(tensor, f"allreduce '{name}'")
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else _check_out(out, x, f"allreduce '{name}'")
     works = submit_arrays(KIND_ALLREDUCE, [name], [x], [out], op_value(op), 0, prescale_factor,
                           postscale_factor,
                           process_set=process_set_id(process_set))
@@ -114,13 +132,24 @@ def allreduce_(tensor: Any, name: str | None = None, op: ReduceOp | int = Reduce
 def grouped_allreduce_async(tensors: Iterable[ArrayLike], name: str | None = None,
                             op: ReduceOp | int = ReduceOp.Average, prescale_factor: float = 1.0,
                             postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> Handle:
+                            process_set: ProcessSet = global_process_set, *,
+                            out: Sequence[np.ndarray] | None = None) -> Handle:
     """Starts an allreduce of a list of tensors that are negotiated and fused
-    as one unit; ``synchronize`` gives a list of new arrays."""
+    as one unit; ``synchronize`` gives a list of new arrays, or the arrays
+    of ``out`` (one per tensor, each of its tensor's shape and dtype; none
+    may share memory with any of the tensors or with another)."""
     tensors = list(tensors)
     names = group_names(name, len(tensors), "grouped_allreduce", process_set_id(process_set))
     inputs = [_as_array(t, f"grouped_allreduce '{n}'") for t, n in zip(tensors, names)]
-    outputs = [np.empty_like(x) for x in inputs]
+    if out is None:
+        outputs = [np.empty_like(x) for x in inputs]
+    else:
+        out = list(out)
+        if len(out) != len(inputs):
+            raise ValueError(f"grouped_allreduce '{names[0] if names else name}': {len(inputs)} "
+                             f"tensors but {len(out)} arrays in out")
+        outputs = [_check_out(o, x, f"grouped_allreduce '{n}'")
+                   for o, x, n in zip(out, inputs, names)]
     works = submit_arrays(KIND_ALLREDUCE, names, inputs, outputs, op_value(op), 0,
                           prescale_factor, postscale_factor, grouped=True,
                           process_set=process_set_id(process_set))

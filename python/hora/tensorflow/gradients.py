@@ -32,7 +32,8 @@ from hora.common.basics import Average, ReduceOp
 from hora.common.gradient_policy import gradient_policy
 from hora.common.process_sets import (
     ProcessSet, global_process_set, process_set_id, set_rank, set_size)
-from hora.tensorflow._bridge import check_tensor, collective_name, run
+from hora.tensorflow._bridge import check_tensor, collective_name, run, unconverted
+from hora.tensorflow._outputs import OutputPool
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.mpi_ops import _allreduce_sparse
 
@@ -73,6 +74,7 @@ class GradientReducer:
         # the variables (tf or Keras 3) whose gradients stay local, by id;
         # holding them keeps their ids from being reused
         self.local = {}
+        self._outputs = OutputPool()
 
     def register_local(self, variable: Any) -> None:
         """Keeps ``variable``'s gradient out of the reduction."""
@@ -145,22 +147,27 @@ class GradientReducer:
                                                ps)
         return results
 
+    @unconverted
     def _reduce(self, tensors, base, units):
         """Reduces ``tensors`` in one graph node; ``units`` are lists of
         indices into ``tensors``, lists of two or more reduced as grouped
         units."""
         op, prescale, postscale, ps = self.op, self.prescale, self.postscale, self.process_set
+        pool = self._outputs
 
         def reduce(*arrays):
             handles = []
             for u, unit in enumerate(units):
                 if len(unit) == 1:
-                    handles.append(_ops.allreduce_async(arrays[unit[0]], f"{base}.{unit[0]}", op,
-                                                        prescale, postscale, process_set=ps))
+                    x = arrays[unit[0]]
+                    handles.append(_ops.allreduce_async(x, f"{base}.{unit[0]}", op, prescale,
+                                                        postscale, process_set=ps,
+                                                        out=pool.like(unit[0], x)))
                 else:
+                    members = [arrays[i] for i in unit]
                     handles.append(_ops.grouped_allreduce_async(
-                        [arrays[i] for i in unit], f"{base}.group{u}", op, prescale, postscale,
-                        process_set=ps))
+                        members, f"{base}.group{u}", op, prescale, postscale, process_set=ps,
+                        out=[pool.like(i, arrays[i]) for i in unit]))
             out = [None] * len(arrays)
             for unit, result in zip(units, wait_all(handles)):
                 for i, value in zip(unit, result if len(unit) > 1 else [result]):

@@ -47,7 +47,8 @@ from hora.common.process_sets import (  # noqa: F401
     ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set,
     set_rank, set_size)
 from hora.tensorflow._bridge import (
-    as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run)
+    as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run,
+    unconverted)
 from hora.tensorflow.compression import Compression
 
 # a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
@@ -83,6 +84,7 @@ def _checked_set(process_set, what):
 
 # --- allreduce ---------------------------------------------------------------
 
+@unconverted
 def _allreduce_now(tensors, names, op, prescale, postscale, grouped, ps=global_process_set):
     """Allreduce of checked dense tensors as one graph node, in process set ``ps``."""
     def reduce(*arrays):
@@ -210,6 +212,7 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
 
 # --- allgather ---------------------------------------------------------------
 
+@unconverted
 def _allgather_now(tensors, names, ps=global_process_set):
     def gather(*arrays):
         return wait_all([_ops.allgather_async(a, n, process_set=ps)
@@ -218,6 +221,7 @@ def _allgather_now(tensors, names, ps=global_process_set):
                [gathered_shape(t.shape) for t in tensors], names[0])
 
 
+@unconverted
 def _allgather_grad_now(grads, rows, names, ps):
     """This rank's rows of the average of every rank's gradient (Horovod's
     allgather gradient), over the ranks of ``ps``."""
@@ -291,6 +295,7 @@ def grouped_allgather(tensors: Iterable[TensorLike], name: str | None = None,
 
 # --- broadcast ---------------------------------------------------------------
 
+@unconverted
 def _broadcast_now(tensors, root_rank, names, ps=global_process_set):
     def cast(*arrays):
         return wait_all([_ops.broadcast_async(a, root_rank, n, process_set=ps)
@@ -378,6 +383,7 @@ def _splits_tensor(splits, what):
     return tf.constant(check_splits(np.asarray(splits).reshape(-1).tolist(), what), tf.int64)
 
 
+@unconverted
 def _alltoall_now(x, splits, name, ps):
     def exchange(array, *split_array):
         chosen = [int(s) for s in split_array[0]] if split_array else None
@@ -421,6 +427,7 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
 
 # --- reducescatter -----------------------------------------------------------
 
+@unconverted
 def _reducescatter_now(tensors, names, op, prescale, postscale, ps):
     def scatter(*arrays):
         return wait_all([_ops.reducescatter_async(a, n, op, prescale, postscale, process_set=ps)
@@ -496,6 +503,7 @@ def grouped_reducescatter(tensors: Iterable[TensorLike], device_dense: str = "",
 
 # --- synchronization and topology as ops --------------------------------------
 
+@unconverted
 def _scalar_op(fn, name):
     return run(lambda: [np.asarray(fn(), np.int32)], [], [tf.int32], [[]], name)[0]
 
@@ -508,6 +516,7 @@ def join() -> tf.Tensor:
     return _scalar_op(_ops.join, "HoraJoin")
 
 
+@unconverted
 def barrier(process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Returns once every rank (of ``process_set``) has reached the barrier
     (an int32 zero tensor)."""
@@ -532,6 +541,7 @@ def _set_ranks(ident):
     return _C.process_sets().get(int(ident))
 
 
+@unconverted
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """The number of ranks (of the process set with id ``process_set_id``),
     as an int32 tensor read when the op runs; Horovod's error codes (-1: not
@@ -547,6 +557,7 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     return _scalar_op(count, name or "HoraSize")
 
 
+@unconverted
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """1 when this process is in the process set with id ``process_set_id``,
     0 when not, as an int32 tensor read when the op runs; Horovod's error
