@@ -1,8 +1,8 @@
 """python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
-latency, fusion, autotune, idle, torch-synthetic, gpu-kernels, gpu-allreduce,
-elastic and negotiation.
+latency, fusion, autotune, idle, torch-synthetic, tf-synthetic, gpu-kernels,
+gpu-allreduce, elastic, negotiation and multihost.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -11,6 +11,11 @@ Run under the launcher, e.g.:
 torch-synthetic (training images/sec with hora.torch.DistributedOptimizer, in
 the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
     python -m hora.bench torch-synthetic --help
+
+tf-synthetic (Keras training samples/sec with hora against TensorFlow's
+MultiWorkerMirroredStrategy, in the manner of Horovod's
+tensorflow2_keras_synthetic_benchmark.py) too:
+    python -m hora.bench tf-synthetic --help
 
 gpu-kernels (the CUDA kernels' throughput against a device-to-device copy, on
 one GPU, no launcher needed) too:
@@ -24,6 +29,9 @@ starts its own jobs, no launcher needed):
 and negotiation (the negotiation of 8 to 1024 ranks simulated as threads of
 one process, and a cost model of a step at scale; no launcher needed):
     python -m hora.bench negotiation --help
+and multihost (allreduce across pretend hosts, network namespaces whose links
+are limited to a fixed rate; needs root, starts its own job):
+    python -m hora.bench multihost --help
 """
 
 import argparse
@@ -145,8 +153,11 @@ def sweep_group(args, comm, impls):
             # non-zero data, as real gradients are (see run_fusion)
             buffer = np.full(count, 1e-30, np.float32)
             call = getattr(impl, args.collective)
-            seconds = timed(lambda call=call, buffer=buffer: call(buffer), iterations_for(nbytes),
-                            comm)
+            fn = lambda call=call, buffer=buffer: call(buffer)  # noqa: E731
+            if args.timing == "barrier":
+                seconds = timed_interleaved([fn], iterations_for(nbytes), comm)[0]
+            else:
+                seconds = timed(fn, iterations_for(nbytes), comm)
             algbw = count * 4 / seconds / 1e9
             busbw = algbw * BUS_FACTORS[args.collective](n)
             rows.append({"collective": args.collective, "size": count * 4, "count": count,
@@ -285,10 +296,12 @@ def build_parser():
                                      description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
+                                                                    "tf-synthetic",
                                                                     "gpu-kernels", "elastic",
-                                                                    "negotiation"],
-                        help="torch-synthetic, gpu-kernels, elastic and negotiation have options "
-                             "of their own: torch-synthetic --help, gpu-kernels --help")
+                                                                    "negotiation", "multihost"],
+                        help="torch-synthetic, tf-synthetic, gpu-kernels, elastic, negotiation "
+                             "and multihost have options of their own: torch-synthetic --help, "
+                             "gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none). Horovod runs in a phase of its "
@@ -297,6 +310,10 @@ def build_parser():
                         help="smallest message of a size sweep, in bytes (default 8)")
     parser.add_argument("--max-bytes", type=int, default=256 << 20,
                         help="largest message of a size sweep, in bytes (default 256 MiB)")
+    parser.add_argument("--timing", choices=("loop", "barrier"), default="loop",
+                        help="size sweeps: 'loop' times calls back to back (the mean, as "
+                             "nccl-tests does); 'barrier' starts every call from a barrier and "
+                             "takes the median of the slowest rank's times")
     parser.add_argument("--iterations", type=int, default=None,
                         help="latency: round trips (2000); fusion: repetitions (30)")
     parser.add_argument("--seconds", type=float, default=None,
@@ -327,12 +344,18 @@ def main(argv=None):
     if argv and argv[0] == "torch-synthetic":
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
+    if argv and argv[0] == "tf-synthetic":
+        from hora.bench import tf_synthetic  # needs TensorFlow
+        return tf_synthetic.main(argv[1:])
     if argv and argv[0] == "elastic":
         from hora.bench import elastic  # launches its own jobs; needs torch
         return elastic.main(argv[1:])
     if argv and argv[0] == "negotiation":
         from hora.bench import negotiation  # one process, no launcher
         return negotiation.main(argv[1:])
+    if argv and argv[0] == "multihost":
+        from hora.bench import multihost  # builds namespaces, launches its own job
+        return multihost.main(argv[1:])
     if argv and argv[0] == "gpu-allreduce":
         from hora.bench import gpu_allreduce  # needs torch and a CUDA build
         return gpu_allreduce.main(argv[1:])

@@ -24,16 +24,14 @@ every rank had the machine to itself.
 import argparse
 import json
 import os
-import time
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
 import hora
 import hora.torch as hvd
-from hora.bench import train_models, train_variants
+from hora.bench import synthetic, train_models, train_variants
 
 
 def build_parser():
@@ -51,12 +49,7 @@ def build_parser():
                         help="comma-separated alternatives trained in the same job: ddp "
                              "(torch DistributedDataParallel, gloo on CPU), horovod, "
                              "hora_per_gradient (hora with bucket_bytes=0)")
-    parser.add_argument("--num-warmup-batches", type=int, default=10,
-                        help="batches of each variant run before timing starts")
-    parser.add_argument("--num-batches-per-iter", type=int, default=10,
-                        help="batches timed together as one measurement")
-    parser.add_argument("--num-iters", type=int, default=10,
-                        help="measurements to take")
+    synthetic.add_timing_options(parser)
     parser.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as float16 (hvd.Compression.fp16; DDP gets "
                              "fp16_compress_hook)")
@@ -80,17 +73,10 @@ def build_parser():
 def parse(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
-    for option in ("batch_size", "num_batches_per_iter", "num_iters"):
-        if getattr(args, option) < 1:
-            parser.error(f"--{option.replace('_', '-')} must be at least 1")
-    for option in ("num_warmup_batches", "groups"):
-        if getattr(args, option) < 0:
-            parser.error(f"--{option.replace('_', '-')} must not be negative")
-    args.compare = [n.strip() for n in args.compare.split(",") if n.strip()]
-    unknown = [n for n in args.compare if n not in train_variants.KNOWN]
-    if unknown:
-        parser.error(f"--compare: unknown {', '.join(unknown)}; choose from "
-                     f"{', '.join(train_variants.KNOWN)}")
+    synthetic.check_counts(parser, args)
+    if args.groups < 0:
+        parser.error("--groups must not be negative")
+    args.compare = synthetic.parse_compare(parser, args.compare, train_variants.KNOWN)
     if args.cuda and not torch.cuda.is_available():
         parser.error("--cuda: torch sees no GPU")
     return args
@@ -102,70 +88,6 @@ def settings():
     return {name: value for name, value in sorted(os.environ.items())
             if name.startswith(("HORA_", "HOROVOD_"))
             and not name.endswith(("RANK", "SIZE", "HOSTNAME"))}
-
-
-def images_per_second(variant, batches, batch_size, device):
-    start = time.perf_counter()
-    for _ in range(batches):
-        variant.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return batches * batch_size / (time.perf_counter() - start)
-
-
-def sleeping_barrier(comm):
-    """A barrier that waits in time.sleep instead of MPI's busy polling, so
-    waiting ranks leave the cores to the rank being timed."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.002)
-
-
-def summary(values):
-    """median, range, and Horovod's mean +-1.96 standard deviations."""
-    values = np.asarray(values, dtype=np.float64)
-    return {"median": float(np.median(values)), "min": float(values.min()),
-            "max": float(values.max()), "mean": float(values.mean()),
-            "conf": float(1.96 * values.std())}
-
-
-def parameter_spread(model, comm):
-    """The largest difference of any parameter between ranks (0.0 when every
-    rank holds the same weights)."""
-    with torch.no_grad():
-        flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])
-    values = flat.numpy()
-    high, low = np.empty_like(values), np.empty_like(values)
-    comm.Allreduce(values, high, op=MPI.MAX)
-    comm.Allreduce(values, low, op=MPI.MIN)
-    return float((high - low).max()) if values.size else 0.0
-
-
-def measure(phase, args, comm, log, device):
-    """Times the phase's variants in alternating blocks; returns this rank's
-    images/sec per variant and iteration."""
-    for variant in phase:
-        variant.start()
-    try:
-        log(f"Warm-up: {args.num_warmup_batches} batches of "
-            + ", ".join(v.name for v in phase))
-        for _ in range(args.num_warmup_batches):
-            for variant in phase:
-                variant.step()
-        rates = {v.name: [] for v in phase}
-        for iteration in range(args.num_iters):
-            shift = iteration % len(phase)
-            for variant in phase[shift:] + phase[:shift]:
-                comm.Barrier()
-                rates[variant.name].append(images_per_second(
-                    variant, args.num_batches_per_iter, args.batch_size, device))
-            log(f"Iter #{iteration}: " + ", ".join(
-                f"{v.name} {rates[v.name][-1]:.1f}" for v in phase) + " img/sec (rank 0)")
-        spreads = {v.name: parameter_spread(v.model, comm) for v in phase if v.synchronized}
-        return rates, spreads
-    finally:
-        for variant in reversed(phase):
-            variant.stop()
 
 
 def run(args):
@@ -199,8 +121,7 @@ def run(args):
             log(f"# skipping {name}: {variant.reason}")
         else:
             variants.append(variant)
-    quiet = [v for v in variants if not v.background]
-    phases = [quiet] + [[v, train_variants.ComputeOnly(setup)] for v in variants if v.background]
+    phases = synthetic.phases(variants, lambda: train_variants.ComputeOnly(setup))
 
     parameters = sum(p.numel() for p in initial.parameters())
     gradients = sum(1 for p in initial.parameters() if p.requires_grad)
@@ -222,18 +143,14 @@ def run(args):
 
     mine, spreads = [], {}
     for phase in phases:
-        rates, spread = measure(phase, args, comm, log, device)
+        rates, spread = synthetic.measure(phase, args, comm, log)
         mine.append(rates)
         spreads.update(spread)
 
     alone = None
     if size > 1:
         log("Timing compute-only on rank 0 alone (the other ranks sleep)...")
-        sleeping_barrier(comm)
-        if rank == 0:
-            alone = [images_per_second(variants[1], args.num_batches_per_iter, args.batch_size,
-                                       device) for _ in range(args.num_iters)]
-        sleeping_barrier(comm)
+        alone = synthetic.time_alone(variants[1], args, comm)
 
     everyone = comm.gather(mine, root=0)
     if rank == 0:
@@ -245,23 +162,23 @@ def run(args):
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
         if args.plot:
-            plot(results, args.plot)
+            synthetic.plot(results, args.plot,
+                           f"{results['model']}, batch {results['batch_size']}/rank, "
+                           f"{results['ranks']} ranks ({results['device']})", "ddp")
     hvd.shutdown()
     return 0
 
 
-def totals(everyone, phase, name):
-    """Per-iteration images/sec summed over ranks, and each rank's median."""
-    per_rank = np.asarray([rank_phases[phase][name] for rank_phases in everyone])
-    return per_rank.sum(axis=0), [float(np.median(r)) for r in per_rank]
+PAIRS = [("hora", "compute_only"), ("hora", "ddp"), ("hora", "horovod"),
+         ("hora", "hora_per_gradient"), ("hora_per_gradient", "compute_only"),
+         ("ddp", "compute_only")]
 
 
 def report(args, everyone, alone, spreads, context):
-    size = context["size"]
     results = {"benchmark": "torch-synthetic", "model": args.model,
                "parameters": context["parameters"], "gradients": context["gradients"],
                "image_size": context["image_size"], "batch_size": args.batch_size,
-               "ranks": size, "device": context["device"],
+               "ranks": context["size"], "device": context["device"],
                "threads_per_rank": context["threads"], "host_cores": context["cores"],
                "rank0_usable_cores": context["usable"],
                "fp16_allreduce": args.fp16_allreduce, "groups": args.groups,
@@ -269,74 +186,8 @@ def report(args, everyone, alone, spreads, context):
                "hora_version": hora.__version__,
                "torch_version": torch.__version__,
                "num_warmup_batches": args.num_warmup_batches,
-               "num_batches_per_iter": args.num_batches_per_iter, "num_iters": args.num_iters,
-               "variants": {}, "ratios": {}, "parameter_spread": spreads}
-    print(f"Total img/sec on {size} rank(s), median [min-max] over {args.num_iters} "
-          f"iterations, and Horovod's mean +-1.96 sd:")
-    series = {}
-    for phase, names in enumerate(everyone[0]):
-        for name in names:
-            total, per_rank = totals(everyone, phase, name)
-            background = list(names)[0]
-            key = name if phase == 0 or name != "compute_only" else f"{name}@{background}"
-            series[key] = total
-            stats = summary(total)
-            stats["per_rank_median"] = per_rank
-            stats["per_iteration"] = [float(v) for v in total]
-            results["variants"][key] = stats
-            print(f"  {key:<22} {stats['median']:8.1f} [{stats['min']:.1f}-{stats['max']:.1f}]"
-                  f"   {stats['mean']:.1f} +-{stats['conf']:.1f}   (ranks: "
-                  + ", ".join(f"{r:.1f}" for r in per_rank) + ")")
-    pairs = [("hora", "compute_only"), ("hora", "ddp"), ("hora", "horovod"),
-             ("hora", "hora_per_gradient"), ("hora_per_gradient", "compute_only"),
-             ("ddp", "compute_only")]
-    pairs += [(key.split("@")[1], key) for key in series if "@" in key]
-    for a, b in pairs:
-        if a in series and b in series:
-            ratio = summary(series[a] / series[b])
-            results["ratios"][f"{a}/{b}"] = ratio
-            print(f"  {a} / {b}: {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}] "
-                  f"(per iteration)")
-    if alone is not None:
-        stats = summary(alone)
-        results["alone"] = stats
-        results["scaling_vs_alone"] = results["variants"]["hora"]["median"] / (
-            size * stats["median"])
-        print(f"One rank alone, compute-only (the others asleep): {stats['median']:.1f} img/sec; "
-              f"hora's scaling efficiency against {size} x that: "
-              f"{results['scaling_vs_alone'] * 100:.1f}% (also charges for the ranks sharing "
-              f"the host's cores and memory)")
-    for name, spread in spreads.items():
-        print(f"Largest parameter difference between ranks after training, {name}: {spread:.3g}")
-    return results
-
-
-def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    names = list(results["variants"])
-    stats = [results["variants"][n] for n in names]
-    medians = [s["median"] for s in stats]
-    errors = [[m - s["min"] for m, s in zip(medians, stats)],
-              [s["max"] - m for m, s in zip(medians, stats)]]
-    colors = {"hora": "tab:blue", "hora_per_gradient": "tab:cyan", "ddp": "tab:orange",
-              "horovod": "tab:red", "compute_only": "tab:gray"}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(names, medians, yerr=errors, capsize=4,
-           color=[colors.get(n.split("@")[0], "tab:gray") for n in names])
-    for x, m in enumerate(medians):
-        ax.annotate(f"{m:.0f}", (x, m), ha="center", va="bottom", xytext=(8, 2),
-                    textcoords="offset points")
-    title = (f"{results['model']}, batch {results['batch_size']}/rank, {results['ranks']} ranks"
-             f" ({results['device']})")
-    ratio = results["ratios"].get("hora/ddp")
-    if ratio:
-        title += f"\nhora / DDP {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
-    ax.set_title(title)
-    ax.set_ylabel("images/sec, all ranks (median, min-max)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+               "num_batches_per_iter": args.num_batches_per_iter, "num_iters": args.num_iters}
+    return synthetic.report(results, everyone, alone, spreads, PAIRS)
 
 
 def main(argv=None):

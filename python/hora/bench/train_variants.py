@@ -2,7 +2,7 @@
 DistributedOptimizer, the same step with no communication, PyTorch's
 DistributedDataParallel (gloo on CPU, NCCL on CUDA) and Horovod's
 DistributedOptimizer. Each owns a copy of the model (the same initial
-weights everywhere) and its optimizer, and exposes ``step()``."""
+weights everywhere) and its optimizer."""
 
 import os
 
@@ -14,9 +14,8 @@ from hora.bench.implementations import _free_port
 
 
 class Variant:
-    """One way of training; ``reason`` is None when usable, else why not.
-    ``background`` variants keep a polling thread alive while initialized
-    and are measured in a phase of their own."""
+    """One way of training (see :mod:`hora.bench.synthetic`); ``step()``
+    trains one batch."""
 
     name = ""
     label = ""
@@ -32,6 +31,17 @@ class Variant:
 
     def stop(self):
         pass
+
+    def run(self, batches):
+        for _ in range(batches):
+            self.step()
+        if self.setup.device.type == "cuda":
+            torch.cuda.synchronize(self.setup.device)
+
+    def flat_weights(self):
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1).double().cpu()
+                              for p in self.model.parameters()]).numpy()
 
     def _model(self, norm=None):
         torch.manual_seed(0)
