@@ -145,6 +145,10 @@ def command_lines():
     tools.append(("python -m hora.bench elastic", elastic()))
     from hora.bench.negotiation import build_parser as negotiation
     tools.append(("python -m hora.bench negotiation", negotiation()))
+    from hora.bench.multihost import build_parser as multihost
+    tools.append(("python -m hora.bench multihost", multihost()))
+    from hora.bench.tf_synthetic import build_parser as tf_synthetic  # imports no TensorFlow
+    tools.append(("python -m hora.bench tf-synthetic", tf_synthetic()))
     try:
         from hora.bench.torch_synthetic import build_parser as torch_synthetic
         tools.append(("python -m hora.bench torch-synthetic", torch_synthetic()))
