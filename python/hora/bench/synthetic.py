@@ -190,7 +190,9 @@ def plot(results, path, title, baseline, unit="images/sec"):
     errors = [[m - s["min"] for m, s in zip(medians, stats)],
               [s["max"] - m for m, s in zip(medians, stats)]]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(names, medians, yerr=errors, capsize=4,
+    # "compute_only@horovod" on two lines, so that neighbouring labels do
+    # not run into each other
+    ax.bar([n.replace("@", "\n@") for n in names], medians, yerr=errors, capsize=4,
            color=[COLORS.get(n.split("@")[0], "tab:gray") for n in names])
     for x, m in enumerate(medians):
         ax.annotate(f"{m:.0f}", (x, m), ha="center", va="bottom", xytext=(8, 2),
