@@ -14,6 +14,7 @@ array).
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -22,6 +23,21 @@ from mpi4py import MPI
 COLORS = {"hora": "tab:blue", "hora_per_gradient": "tab:cyan", "hora_tape": "tab:cyan",
           "ddp": "tab:orange", "mwms": "tab:orange", "horovod": "tab:red",
           "compute_only": "tab:gray"}
+
+
+def add_model_options(parser, models):
+    """--model (one of ``models``' names), --batch-size and --image-size."""
+    parser.add_argument("--model", default="resnet20", choices=models.names(),
+                        help="; ".join(f"{k}: {v}" for k, v in models.DESCRIPTIONS.items()))
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and batch")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="height and width of the images (default: 32 for resnet20, 64 for "
+                             "resnet18)")
+
+
+def add_output_options(parser, unit):
+    parser.add_argument("--json", help="rank 0 writes the results to this file")
+    parser.add_argument("--plot", help=f"rank 0 draws the variants' {unit} to this PNG")
 
 
 def add_timing_options(parser):
@@ -108,11 +124,42 @@ def measure(phase, args, comm, log):
             variant.stop()
 
 
+def usable_variants(first, known, names, setup, log):
+    """``first`` (hora and compute only) and the variants ``names`` picks
+    from ``known``, each made from ``setup``; one that cannot run here is
+    left out with its reason logged."""
+    variants = list(first)
+    for name in names:
+        variant = known[name](setup)
+        if variant.reason:
+            log(f"# skipping {name}: {variant.reason}")
+        else:
+            variants.append(variant)
+    return variants
+
+
 def phases(variants, compute_only):
     """The quiet variants together, then each background one alone with a
     fresh compute-only variant (``compute_only()`` makes one)."""
     quiet = [v for v in variants if not v.background]
     return [quiet] + [[v, compute_only()] for v in variants if v.background]
+
+
+def measure_all(variants, compute_only, args, comm, log):
+    """Every phase of ``variants`` measured, then (with several ranks) the
+    compute-only variant ``variants[1]`` on rank 0 alone. Returns every
+    rank's rates (on rank 0; None elsewhere), the rank-0-alone samples and
+    the weight spreads."""
+    mine, spreads = [], {}
+    for phase in phases(variants, compute_only):
+        rates, spread = measure(phase, args, comm, log)
+        mine.append(rates)
+        spreads.update(spread)
+    alone = None
+    if comm.Get_size() > 1:
+        log("Timing compute-only on rank 0 alone (the other ranks sleep)...")
+        alone = time_alone(variants[1], args, comm)
+    return comm.gather(mine, root=0), alone, spreads
 
 
 def time_alone(variant, args, comm):
@@ -205,3 +252,12 @@ def plot(results, path, title, baseline, unit="images/sec"):
     ax.set_ylabel(f"{unit}, all ranks (median, min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def write(results, args, title, baseline, unit="images/sec"):
+    """The results to --json and their plot to --plot, where given."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot, title, baseline, unit)

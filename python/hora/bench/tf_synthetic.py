@@ -40,12 +40,7 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m hora.bench tf-synthetic",
                                      description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="resnet20", choices=keras_models.names(),
-                        help="; ".join(f"{k}: {v}" for k, v in keras_models.DESCRIPTIONS.items()))
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and batch")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="height and width of the images (default: 32 for resnet20, 64 for "
-                             "resnet18)")
+    synthetic.add_model_options(parser, keras_models)
     parser.add_argument("--compare", default="mwms",
                         help="comma-separated variants trained in the same job besides hora and "
                              "compute-only: mwms (MultiWorkerMirroredStrategy), hora_tape "
@@ -59,8 +54,7 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=None,
                         help="TensorFlow threads per rank (default: the host's cores divided by "
                              "the ranks on it, at least 1)")
-    parser.add_argument("--json", help="rank 0 writes the results to this file")
-    parser.add_argument("--plot", help="rank 0 draws the variants' samples/sec to this PNG")
+    synthetic.add_output_options(parser, "samples/sec")
     return parser
 
 
@@ -139,14 +133,9 @@ def run(args):
         data=keras_models.batch(args.model, args.batch_size, image_size, 1000 + rank),
         optimizer=lambda: keras.optimizers.SGD(0.01 * size), strategy=strategy,
         strategy_reason=strategy_reason)
-    variants = [tf_variants.Hora(setup), tf_variants.ComputeOnly(setup)]
-    for name in args.compare:
-        variant = tf_variants.KNOWN[name](setup)
-        if variant.reason:
-            log(f"# skipping {name}: {variant.reason}")
-        else:
-            variants.append(variant)
-    phases = synthetic.phases(variants, lambda: tf_variants.ComputeOnly(setup))
+    variants = synthetic.usable_variants(
+        [tf_variants.Hora(setup), tf_variants.ComputeOnly(setup)], tf_variants.KNOWN,
+        args.compare, setup, log)
 
     parameters = sum(int(np.prod(v.shape)) for v in reference.trainable_weights)
     gradients = len(reference.trainable_weights)
@@ -159,17 +148,8 @@ def run(args):
         f"{'float16' if args.fp16_allreduce else 'float32'}")
     log("Variants: " + "; ".join(f"{v.name} = {v.label}" for v in variants))
 
-    mine, spreads = [], {}
-    for phase in phases:
-        rates, spread = synthetic.measure(phase, args, comm, log)
-        mine.append(rates)
-        spreads.update(spread)
-    alone = None
-    if size > 1:
-        log("Timing compute-only on rank 0 alone (the other ranks sleep)...")
-        alone = synthetic.time_alone(variants[1], args, comm)
-
-    everyone = comm.gather(mine, root=0)
+    everyone, alone, spreads = synthetic.measure_all(
+        variants, lambda: tf_variants.ComputeOnly(setup), args, comm, log)
     if rank == 0:
         results = {"benchmark": "tf-synthetic", "model": args.model, "parameters": parameters,
                    "gradients": gradients, "image_size": image_size,
@@ -184,13 +164,8 @@ def run(args):
                  ("hora", "hora_tape"), ("hora_tape", "compute_only"), ("mwms", "compute_only")]
         unit = "samples/sec" if args.model == "transformer" else "img/sec"
         synthetic.report(results, everyone, alone, spreads, pairs, unit)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        if args.plot:
-            synthetic.plot(results, args.plot,
-                           f"Keras {args.keras} {args.model}, batch {args.batch_size}/rank, "
-                           f"{size} ranks", "mwms", unit)
+        synthetic.write(results, args, f"Keras {args.keras} {args.model}, batch "
+                                       f"{args.batch_size}/rank, {size} ranks", "mwms", unit)
     hvd.shutdown()
     return 0
 

@@ -22,7 +22,6 @@ every rank had the machine to itself.
 """
 
 import argparse
-import json
 import os
 from types import SimpleNamespace
 
@@ -39,12 +38,7 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m hora.bench torch-synthetic",
                                      description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="resnet20", choices=train_models.names(),
-                        help="; ".join(f"{k}: {v}" for k, v in train_models.DESCRIPTIONS.items()))
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank and batch")
-    parser.add_argument("--image-size", type=int, default=None,
-                        help="height and width of the images (default: 32 for resnet20, 64 for "
-                             "resnet18)")
+    synthetic.add_model_options(parser, train_models)
     parser.add_argument("--compare", default="",
                         help="comma-separated alternatives trained in the same job: ddp "
                              "(torch DistributedDataParallel, gloo on CPU), horovod, "
@@ -65,8 +59,7 @@ def build_parser():
                         help="torch threads per rank (default: the host's cores divided by the "
                              "ranks on it, at most the cores the launcher bound the rank to, "
                              "at least 1)")
-    parser.add_argument("--json", help="rank 0 writes the results to this file")
-    parser.add_argument("--plot", help="rank 0 draws the variants' images/sec to this PNG")
+    synthetic.add_output_options(parser, "images/sec")
     return parser
 
 
@@ -114,14 +107,9 @@ def run(args):
     setup = SimpleNamespace(args=args, model=args.model, initial_state=initial.state_dict(),
                             data=data.to(device), target=target.to(device), device=device,
                             lr=0.01 * size)
-    variants = [train_variants.Hora(setup), train_variants.ComputeOnly(setup)]
-    for name in args.compare:
-        variant = train_variants.KNOWN[name](setup)
-        if variant.reason:
-            log(f"# skipping {name}: {variant.reason}")
-        else:
-            variants.append(variant)
-    phases = synthetic.phases(variants, lambda: train_variants.ComputeOnly(setup))
+    variants = synthetic.usable_variants(
+        [train_variants.Hora(setup), train_variants.ComputeOnly(setup)], train_variants.KNOWN,
+        args.compare, setup, log)
 
     parameters = sum(p.numel() for p in initial.parameters())
     gradients = sum(1 for p in initial.parameters() if p.requires_grad)
@@ -141,30 +129,15 @@ def run(args):
         log(f"Note: {threads * hvd.local_size()} torch threads on {cores} cores: the ranks "
             f"oversubscribe the host")
 
-    mine, spreads = [], {}
-    for phase in phases:
-        rates, spread = synthetic.measure(phase, args, comm, log)
-        mine.append(rates)
-        spreads.update(spread)
-
-    alone = None
-    if size > 1:
-        log("Timing compute-only on rank 0 alone (the other ranks sleep)...")
-        alone = synthetic.time_alone(variants[1], args, comm)
-
-    everyone = comm.gather(mine, root=0)
+    everyone, alone, spreads = synthetic.measure_all(
+        variants, lambda: train_variants.ComputeOnly(setup), args, comm, log)
     if rank == 0:
         context = {"size": size, "threads": threads, "cores": cores, "usable": usable,
                    "image_size": image_size, "parameters": parameters, "gradients": gradients,
                    "device": str(device)}
         results = report(args, everyone, alone, spreads, context)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        if args.plot:
-            synthetic.plot(results, args.plot,
-                           f"{results['model']}, batch {results['batch_size']}/rank, "
-                           f"{results['ranks']} ranks ({results['device']})", "ddp")
+        synthetic.write(results, args, f"{results['model']}, batch {results['batch_size']}/rank, "
+                                       f"{results['ranks']} ranks ({results['device']})", "ddp")
     hvd.shutdown()
     return 0
 
