@@ -2,11 +2,13 @@ import os
 
 import pytest
 
-# tests/parallel, tests/tf_parallel and tests/mx_parallel run only under
-# horarun (which sets HORA_RANK), driven by tests/test_parallel_suite.py,
+# tests/parallel, tests/sharding_parallel, tests/tf_parallel and
+# tests/mx_parallel run only under horarun (which sets HORA_RANK), driven by
+# tests/test_parallel_suite.py, tests/test_sharding_suite.py,
 # tests/test_tensorflow_suite.py and tests/test_mxnet_suite.py; a plain
 # single-process pytest skips them.
-collect_ignore = [] if "HORA_RANK" in os.environ else ["parallel", "tf_parallel", "mx_parallel"]
+collect_ignore = [] if "HORA_RANK" in os.environ else [
+    "parallel", "sharding_parallel", "tf_parallel", "mx_parallel"]
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ reduced and ``step()`` applies the rank's own gradients, as in Horovod.
 from __future__ import annotations
 
 import contextlib
-import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -31,15 +30,19 @@ import torch
 from hora.common._adapter.handles import wait_all
 from hora.common.basics import Adasum, ReduceOp
 from hora.common.compression import Compressor
-from hora.common.exceptions import HoraError, HoraUsageError
+from hora.common.exceptions import HoraError
 from hora.common.gradient_policy import (
     GradientPolicy, bucket_units, check_backward_passes, gradient_policy, group_units)
 from hora._loader import _C
 from hora.torch import mpi_ops
+from hora.torch._optimizer_errors import (
+    too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 from hora.torch._collectives import (
     ProcessSet, global_process_set, set_id, set_object, set_size)
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
+from hora.torch.sharded_optimizer import (
+    _ShardedOptimizer, check_elementwise, check_same_parameters, check_sharding)
 
 _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
@@ -74,6 +77,7 @@ class _DistributedOptimizer:
         self._hora_hooks = []
         self._hora_synchronized = False
         self._hora_should_synchronize = True
+        self._hora_clipped = False  # clip_grad_norm_ reduced for the coming step()
         self._hora_names.update(names)
         for unit, unit_name in zip(units, unit_names):
             if buckets:
@@ -104,12 +108,7 @@ class _DistributedOptimizer:
         if index is None:
             return
         if self._hora_delay[p] <= 0:
-            raise HoraUsageError(
-                f"the gradient of '{self._hora_names[p]}' was computed more than "
-                f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                f"optimizer.step(); call step() after every {self.backward_passes_per_step} "
-                f"backward pass(es), or raise backward_passes_per_step to accumulate more "
-                f"passes locally")
+            raise too_many_passes(self._hora_names[p], self.backward_passes_per_step)
         self._hora_delay[p] -= 1
         self._hora_pending.setdefault(index, None)
         if self._hora_delay[p] == 0:
@@ -256,23 +255,33 @@ class _DistributedOptimizer:
         finally:
             self._hora_should_synchronize = True
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients:
+        reduces them first if :meth:`synchronize` has not run, then clips
+        every parameter's gradient by their total norm, which it returns
+        (the same on every rank). Call it between ``backward()`` and
+        ``step()``; ``step()`` then does not reduce again. The sharded
+        optimizer has the same method, so a script clips the same way
+        whatever its ``sharding``."""
+        if not self._hora_synchronized:
+            self.synchronize()
+        self._hora_clipped = True
+        params = [p for group in self.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type,
+                                              error_if_nonfinite=error_if_nonfinite)
+
     def step(self, closure=None):
         """Waits for the gradients' reductions (see :meth:`synchronize`), then
         runs the wrapped optimizer's ``step(closure)`` and returns its result.
         If :meth:`synchronize` was already called and no gradient was
         produced since, warns and does not reduce again."""
-        if self._hora_should_synchronize:
+        if self._hora_should_synchronize and not self._hora_clipped:
             if self._hora_synchronized and not self._hora_pending:
-                # Horovod's words, which scripts and tests match on; hora
-                # does not reduce the already reduced gradients again
-                warnings.warn(
-                    "optimizer.step() called without optimizer.skip_synchronize() context after "
-                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
-                    "consider using optimizer.skip_synchronize() context if you use "
-                    "optimizer.synchronize() in your code.", stacklevel=2)
+                warn_step_after_synchronize()
             else:
                 self.synchronize()
-        self._hora_synchronized = False
+        self._hora_synchronized = self._hora_clipped = False
         return super().step(closure)
 
     def zero_grad(self, *args, **kwargs):
@@ -280,10 +289,7 @@ class _DistributedOptimizer:
         called after ``loss.backward()`` but before ``step()`` /
         ``synchronize()``: the gradients are then being reduced in place."""
         if self._hora_pending:
-            raise HoraUsageError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(); the gradients are being reduced "
-                "across ranks at this moment. Call zero_grad() before backward() or after step().")
+            raise zero_grad_while_reducing()
         return super().zero_grad(*args, **kwargs)
 
     def add_param_group(self, param_group):
@@ -386,7 +392,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, *,
-                         bucket_bytes: int | None = None) -> torch.optim.Optimizer:
+                         bucket_bytes: int | None = None,
+                         sharding: str | None = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -441,6 +448,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             ``HORA_GRADIENT_BUCKET_BYTES`` (25 MiB). 0 reduces each gradient
             on its own under ``allreduce.<parameter name>``, as Horovod
             does. The averaged gradients are the same either way.
+        sharding: (hora's, keyword only) None (default): every rank holds
+            the whole training state, as in Horovod. ``"optimizer_state"``
+            (ZeRO stage 1): each rank keeps the optimizer state of 1/N of
+            every bucket of parameters; gradients are reduce-scattered and
+            the updated parameters allgathered. ``"gradients"`` (stage 2):
+            also only 1/N of the reduced gradients is kept. ``"parameters"``
+            (stage 3) raises ``NotImplementedError``. With sharding, wrapping
+            is collective (the ranks of the process set check that they hold
+            the same parameters), ``state_dict()`` is collective, ``p.grad``
+            is not the averaged gradient after ``synchronize()`` (clip with
+            the optimizer's ``clip_grad_norm_``), and the optimizer must
+            update each element on its own (SGD, Adam, AdamW, RMSprop,
+            Adagrad, ...; ``ValueError`` otherwise). See ``docs/sharding.md``.
 
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
@@ -459,10 +479,26 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer)):
+    if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer,
+                              _ShardedOptimizer)):
         raise ValueError("this optimizer is already a hora DistributedOptimizer")
+    stage = check_sharding(sharding)
+    if stage == 3:
+        raise NotImplementedError(
+            "DistributedOptimizer(sharding='parameters'): sharding the parameters themselves "
+            "(ZeRO stage 3) is not implemented yet; sharding='gradients' keeps 1/N of the "
+            "gradients and optimizer state (docs/sharding.md)")
     policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
                              compression, stacklevel=2)
+    if stage:
+        check_elementwise(optimizer, sharding)
+        if policy.op == Adasum:
+            raise ValueError(f"DistributedOptimizer: op=Adasum cannot be combined with "
+                             f"sharding={sharding!r} (Adasum combines whole updates)")
+        if policy.groups is not None:
+            raise ValueError(f"DistributedOptimizer: groups/num_groups cannot be combined with "
+                             f"sharding={sharding!r}; sharding packs gradients into its own "
+                             f"buckets (set their size with bucket_bytes)")
     passes = check_backward_passes(backward_passes_per_step, what)
     names = _parameter_names(optimizer, named_parameters)
     for p in names:
@@ -486,6 +522,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     hora_names = {p: f"allreduce.{name}" for p, name in names.items()}
     units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
 
+    if stage:
+        return _sharded_optimizer(optimizer, names, params, units, stage, policy, passes,
+                                  sparse_as_dense, process_set)
     member = process_set is global_process_set or bool(process_set.included())
     if policy.op == Adasum and member and set_size(process_set) > 1:
         return _adasum_optimizer(optimizer, names, policy, passes, process_set)
@@ -496,6 +535,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
 
 _ADASUM_CLASSES: dict[type, type] = {}
+_SHARDED_CLASSES: dict[type, type] = {}
 
 
 def _rewrap(optimizer, mixin, classes, names, process_set):
@@ -530,8 +570,24 @@ def _adasum_optimizer(optimizer, names, policy, passes, process_set):
     return wrapped
 
 
+def _sharded_optimizer(optimizer, names, params, units, stage, policy, passes, sparse_as_dense,
+                       process_set):
+    """ZeRO stages 1 and 2 (see :mod:`hora.torch.sharded_optimizer`)."""
+    member = process_set is global_process_set or bool(process_set.included())
+    if member:
+        check_same_parameters(params, names, process_set)
+    wrapped = _rewrap(optimizer, _ShardedOptimizer, _SHARDED_CLASSES, names, process_set)
+    position = {p: i for i, p in enumerate(params)}
+    wrapped._hora_shard_setup(params, names, [[position[p] for p in unit] for unit in units],
+                              stage, policy, passes, sparse_as_dense, process_set)
+    return wrapped
+
+
 def _local_step(optimizer: torch.optim.Optimizer) -> Any:
     """Runs the wrapped optimizer's own update, without any reduction."""
     if isinstance(optimizer, _DistributedOptimizer):
         return super(_DistributedOptimizer, optimizer).step()
+    if isinstance(optimizer, _ShardedOptimizer):
+        with optimizer._hora_pieces_as_params():
+            return super(_ShardedOptimizer, optimizer).step()
     return type(optimizer).step(optimizer)

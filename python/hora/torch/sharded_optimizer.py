@@ -1,0 +1,613 @@
+"""The sharded ``DistributedOptimizer`` (ZeRO stages 1 and 2).
+
+``DistributedOptimizer(opt, ..., sharding="optimizer_state" | "gradients")``
+returns an object of a subclass of ``type(opt)`` made with this mixin. The
+parameters are packed into the replicated optimizer's ready-order buckets
+and each bucket is cut among the ranks (:mod:`hora.common.shard_layout`):
+
+- as backward produces a bucket's gradients, they are copied into one flat
+  buffer, and that buffer is reduce-scattered (one tensor to the core), so
+  each rank receives only its shard of the reduced bucket, while backward
+  goes on;
+- ``step()`` runs the wrapped optimizer on this rank's pieces only: 1-D
+  views into the parameters (the optimizer's state is therefore 1/N of
+  replicated), whose gradients are views into the reduced shards;
+- the updated pieces are then allgathered into every rank's parameters.
+
+Stage 1 (``"optimizer_state"``) leaves autograd's gradients in ``p.grad``
+(accumulated locally over ``backward_passes_per_step``, reduced once, as
+the replicated optimizer does); stage 2 (``"gradients"``) frees each
+``p.grad`` as soon as it is in its bucket and reduces every backward pass
+into the shard, so only 1/N of the gradients outlives a bucket.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import weakref
+from typing import Any
+
+import torch
+
+from hora.common._adapter.handles import Handle, poll, synchronize
+from hora.common.exceptions import HoraError
+from hora.common.shard_layout import ShardLayout
+from hora.common.basics import Max, Sum
+from hora.torch._collectives import (
+    global_process_set, set_id, set_rank, set_size,
+    start_allgather, start_reducescatter)
+from hora.torch._optimizer_errors import (
+    too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
+
+STAGES = {"optimizer_state": 1, "gradients": 2, "parameters": 3}
+
+# Reductions of a bucket may queue behind one another when the link is
+# slower than backward; past this many in flight backward waits for the
+# oldest, which bounds the flat buffers alive at once.
+_MAX_BUCKETS_IN_FLIGHT = 3
+# Allgathers of updated buckets in flight at once (each result is a whole
+# bucket until it is copied into the parameters).
+_MAX_GATHERS_IN_FLIGHT = 2
+
+class _ShardedOptimizer:
+    """Mixed in before the wrapped optimizer's class; never instantiated on
+    its own. Its state lives in attributes starting with ``_hora_``."""
+
+    # --- set-up ------------------------------------------------------------
+
+    def _hora_shard_setup(self, params, names, units, stage, policy, passes,
+                          sparse_as_dense, process_set):
+        self._hora_stage = stage
+        self._hora_params = params                  # layout position -> parameter
+        self._hora_position = {p: i for i, p in enumerate(params)}
+        self._hora_process_set = process_set
+        self._hora_set = set_id(process_set, "DistributedOptimizer")
+        self._hora_member = process_set is global_process_set or bool(process_set.included())
+        size = set_size(process_set) if self._hora_member else 1
+        self._hora_rank = set_rank(process_set) if self._hora_member else 0
+        self._hora_layout = ShardLayout([p.numel() for p in params], units, size)
+        self._hora_compression = policy.compression
+        self._hora_op = policy.op
+        self._hora_prescale = policy.prescale
+        self._hora_postscale = policy.postscale
+        self._hora_sparse_as_dense = bool(sparse_as_dense)
+        self.backward_passes_per_step = passes
+        layout = self._hora_layout
+        self._hora_bucket_names = []
+        for bucket in layout.buckets:
+            first, last = names[params[bucket.members[0]]], names[params[bucket.members[-1]]]
+            self._hora_bucket_names.append(f"bucket.{first}..{last}.{len(bucket.members)}")
+        # This rank's shard of each bucket's reduced gradient; the pieces'
+        # .grad are views into it.
+        self._hora_grad_shards = []
+        for b, bucket in enumerate(layout.buckets):
+            head = params[bucket.members[0]]
+            self._hora_grad_shards.append(torch.zeros(
+                layout.shard_numel(b, self._hora_rank), dtype=head.dtype, device=head.device))
+        self._hora_pieces = {}   # parameter -> (layout Piece, piece tensor, data_ptr it views)
+        for piece in layout.pieces(self._hora_rank):
+            self._hora_pieces[params[piece.param]] = self._hora_make_piece(piece)
+        # per step
+        self._hora_delay = {p: passes for p in params}
+        self._hora_flat = {}        # bucket -> flat buffer being filled
+        self._hora_arrived = {}     # bucket -> parameters copied into it
+        self._hora_launches = collections.Counter()  # bucket -> reductions started
+        self._hora_filled = set()   # buckets whose shard holds this step's first result
+        self._hora_in_flight = collections.deque()
+        self._hora_synchronized = False
+        self._hora_should_synchronize = True
+        self._hora_clipped = False  # clip_grad_norm_ reduced for the coming step()
+        self._hora_loaded = None    # a full state dict loaded since the last step
+        self._hora_hooks = []
+        if self._hora_member:
+            this = weakref.ref(self)
+
+            def hook(param):
+                optimizer = this()
+                if optimizer is not None:
+                    optimizer._hora_on_grad(param)
+
+            for p in params:
+                self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _hora_make_piece(self, piece):
+        """(layout piece, the tensor the wrapped optimizer steps, the
+        parameter's address it was made from, whether it is a view)."""
+        p = self._hora_params[piece.param]
+        view = p.is_contiguous()
+        if view:
+            tensor = p.detach().view(-1)[piece.start:piece.stop]
+        else:  # a copy, refreshed from the parameter before every step
+            tensor = p.detach().reshape(-1)[piece.start:piece.stop].clone()
+        tensor.grad = self._hora_grad_shards[piece.bucket][piece.offset:piece.offset + piece.numel]
+        return piece, tensor, p.data_ptr(), view
+
+    def _hora_refresh_pieces(self):
+        """Makes every piece match its parameter before a step: views are
+        re-made where the parameter's memory moved (``p.data = ...``,
+        ``model.to(...)``), copies refreshed; the state moves along."""
+        for p, (piece, tensor, pointer, view) in list(self._hora_pieces.items()):
+            same = p.data_ptr() == pointer
+            if same and view and p.is_contiguous():
+                continue
+            if same and not view and not p.is_contiguous():
+                with torch.no_grad():
+                    tensor.copy_(p.detach().reshape(-1)[piece.start:piece.stop])
+                continue
+            fresh = self._hora_make_piece(piece)
+            if tensor in self.state:
+                self.state[fresh[1]] = self.state.pop(tensor)
+            self._hora_pieces[p] = fresh
+
+    # --- hooks and reductions -------------------------------------------------
+
+    def _hora_on_grad(self, p):
+        if p not in self._hora_position:
+            return
+        if self._hora_delay[p] <= 0:
+            raise too_many_passes(self._parameter_names.get(p, "?"),
+                                  self.backward_passes_per_step)
+        self._hora_delay[p] -= 1
+        if self._hora_stage >= 2 or self._hora_delay[p] == 0:
+            self._hora_take(p)
+
+    def _hora_take(self, p):
+        """Copies ``p.grad`` into its bucket's flat buffer (stage 2 then
+        frees it) and starts the bucket's reduction once it is complete."""
+        position = self._hora_position[p]
+        b = self._hora_layout.bucket_of[position]
+        arrived = self._hora_arrived.get(b)
+        if arrived is not None and p in arrived:
+            # a new backward pass reached a bucket before the last pass had
+            # filled it (a parameter unused in that pass): that pass's
+            # bucket goes now, with zeros for what it lacks
+            self._hora_launch(b)
+        flat = self._hora_flat_of(b)
+        self._hora_copy_in(flat, b, position, p.grad)
+        self._hora_arrived.setdefault(b, set()).add(p)
+        if self._hora_stage >= 2:
+            p.grad = None
+        if len(self._hora_arrived[b]) == len(self._hora_layout.buckets[b].members):
+            self._hora_launch(b)
+
+    def _hora_flat_of(self, b):
+        flat = self._hora_flat.get(b)
+        if flat is None:
+            head = self._hora_params[self._hora_layout.buckets[b].members[0]]
+            flat = torch.empty(self._hora_layout.buckets[b].numel, dtype=head.dtype,
+                               device=head.device)
+            self._hora_flat[b] = flat
+        return flat
+
+    def _hora_copy_in(self, flat, b, position, grad):
+        bucket = self._hora_layout.buckets[b]
+        offset = bucket.offsets[bucket.members.index(position)]
+        target = flat[offset:offset + self._hora_layout.numels[position]]
+        with torch.no_grad():
+            if grad is None:
+                target.zero_()
+                return
+            if grad.is_sparse:
+                if not self._hora_sparse_as_dense:
+                    raise ValueError(
+                        f"DistributedOptimizer: the gradient of "
+                        f"'{self._parameter_names.get(self._hora_params[position], '?')}' is "
+                        f"sparse; sharding reduces flat dense buckets, so pass "
+                        f"sparse_as_dense=True (or make the embedding dense)")
+                grad = grad.to_dense()
+            target.copy_(grad.reshape(-1))
+
+    def _hora_launch(self, b):
+        """Starts the reducescatter of bucket ``b``'s flat buffer (members
+        that never arrived contribute zeros)."""
+        flat = self._hora_flat_of(b)
+        arrived = self._hora_arrived.pop(b, set())
+        bucket = self._hora_layout.buckets[b]
+        for position in bucket.members:
+            if self._hora_params[position] not in arrived:
+                self._hora_copy_in(flat, b, position, None)
+        del self._hora_flat[b]
+        wire, context = self._hora_compression.compress(flat)
+        name = f"reducescatter.{self._hora_bucket_names[b]}"
+        if self._hora_stage >= 2:
+            name = f"{name}.pass{self._hora_launches[b]}"
+        self._hora_launches[b] += 1
+        works, finish = start_reducescatter([wire], [name], self._hora_op, self._hora_prescale,
+                                            self._hora_postscale, process_set=self._hora_set)
+        handle = Handle(works, lambda ws: finish(ws)[0])
+        self._hora_in_flight.append((b, handle, wire, context))
+        while self._hora_in_flight and (len(self._hora_in_flight) > _MAX_BUCKETS_IN_FLIGHT
+                                        or poll(self._hora_in_flight[0][1])):
+            self._hora_finish_oldest()
+
+    def _hora_finish_oldest(self):
+        b, handle, _, context = self._hora_in_flight.popleft()
+        try:
+            shard = synchronize(handle)
+        except HoraError as error:
+            self._hora_abandon()
+            raise self._hora_name_bucket(error, b) from None
+        shard = self._hora_compression.decompress(shard, context)
+        with torch.no_grad():
+            if b in self._hora_filled:
+                self._hora_grad_shards[b].add_(shard)
+            else:
+                self._hora_grad_shards[b].copy_(shard)
+                self._hora_filled.add(b)
+
+    def _hora_abandon(self):
+        """After a failed reduction: waits for the others (the engine may
+        still write into their buffers) and forgets the step's progress."""
+        for _, handle, _, _ in self._hora_in_flight:
+            with contextlib.suppress(HoraError):
+                synchronize(handle)
+        self._hora_reset_step()
+
+    def _hora_reset_step(self):
+        self._hora_in_flight.clear()
+        self._hora_flat.clear()
+        self._hora_arrived.clear()
+        self._hora_launches.clear()
+        self._hora_filled.clear()
+        for p in self._hora_delay:
+            self._hora_delay[p] = self.backward_passes_per_step
+
+    def _hora_name_bucket(self, error, b):
+        bucket = self._hora_layout.buckets[b]
+        first = self._parameter_names.get(self._hora_params[bucket.members[0]], "?")
+        last = self._parameter_names.get(self._hora_params[bucket.members[-1]], "?")
+        return type(error)(f"{error} (the gradients of the {len(bucket.members)} parameter(s) "
+                           f"'{first}' .. '{last}', reduced together as one sharded bucket)")
+
+    def _hora_pending(self):
+        return bool(self._hora_in_flight or self._hora_flat or self._hora_launches)
+
+    # --- public API -----------------------------------------------------------
+
+    def set_backward_passes_per_step(self, passes):
+        """As on the replicated optimizer: an int >= 1, between steps."""
+        from hora.common.gradient_policy import check_backward_passes
+        self.backward_passes_per_step = check_backward_passes(
+            passes, "DistributedOptimizer.set_backward_passes_per_step")
+        for p in self._hora_delay:
+            self._hora_delay[p] = self.backward_passes_per_step
+
+    def synchronize(self):
+        """Completes the reduction of every bucket: starts those not started
+        (gradients this rank never produced count as zeros, so no rank
+        waits forever) and waits until this rank's shard of every reduced
+        gradient is in place. Afterwards ``p.grad`` is not the averaged
+        gradient (stage 1 leaves the local one, stage 2 none): the reduced
+        shards are what :meth:`clip_grad_norm_` and ``step()`` use. On a
+        rank outside the optimizer's process set it does nothing."""
+        if not self._hora_member:
+            self._hora_synchronized = True
+            return
+        try:
+            for b in range(len(self._hora_layout.buckets)):
+                if self._hora_stage == 1:
+                    if not self._hora_launches[b]:
+                        flat = self._hora_flat_of(b)
+                        arrived = self._hora_arrived.setdefault(b, set())
+                        for position in self._hora_layout.buckets[b].members:
+                            p = self._hora_params[position]
+                            if p not in arrived:
+                                self._hora_copy_in(flat, b, position, p.grad)
+                                arrived.add(p)
+                        self._hora_launch(b)
+                    continue
+                if b in self._hora_flat:
+                    self._hora_launch(b)
+                # every rank starts the same passes, whatever its backward did
+                while self._hora_launches[b] < self.backward_passes_per_step:
+                    self._hora_launch(b)
+            while self._hora_in_flight:
+                self._hora_finish_oldest()
+        finally:
+            if not self._hora_in_flight:
+                self._hora_reset_step()
+        self._hora_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """``step()`` inside it does not reduce again (after :meth:`synchronize`)."""
+        self._hora_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._hora_should_synchronize = True
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of
+        every parameter, which with sharding lie in shards spread over the
+        ranks: reduces the gradients first if :meth:`synchronize` has not
+        run, computes the total norm across all shards (one allreduce of a
+        scalar) and scales this rank's shards by ``max_norm / norm`` when the
+        norm exceeds ``max_norm``. Every rank gets the same total norm back.
+        Call it between ``backward()`` and ``step()``; ``step()`` then does
+        not reduce again."""
+        from hora.torch.mpi_ops import allreduce
+        if not self._hora_member:
+            return _clip_local(self, max_norm, norm_type, error_if_nonfinite)
+        if not self._hora_synchronized:
+            self.synchronize()
+        self._hora_clipped = True
+        norm_type = float(norm_type)
+        shards = [s for s in self._hora_grad_shards if s.numel()]
+        device = self._hora_grad_shards[0].device if self._hora_grad_shards else "cpu"
+        if norm_type == float("inf"):
+            local = max((s.abs().max().float() for s in shards),
+                        default=torch.zeros((), device=device))
+            total = allreduce(local.reshape(1).cpu(), op=Max,
+                              name="DistributedOptimizer.clip_grad_norm_",
+                              process_set=self._hora_process_set)[0]
+        else:
+            local = sum((torch.linalg.vector_norm(s.float(), norm_type) ** norm_type
+                         for s in shards), torch.zeros((), device=device))
+            total = allreduce(local.reshape(1).cpu().double(), op=Sum,
+                              name="DistributedOptimizer.clip_grad_norm_",
+                              process_set=self._hora_process_set)[0] ** (1.0 / norm_type)
+            total = total.float()
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} for gradients from the "
+                               f"shards of every rank is non-finite, so it cannot be clipped. "
+                               f"Set error_if_nonfinite=False to skip this check")
+        coefficient = float(max_norm) / (float(total) + 1e-6)
+        if coefficient < 1.0:
+            with torch.no_grad():
+                for shard in shards:
+                    shard.mul_(coefficient)
+        return total
+
+    def step(self, closure=None):
+        """Reduces the gradients (see :meth:`synchronize`), steps the wrapped
+        optimizer on this rank's pieces and allgathers the updated pieces
+        into every rank's parameters. ``closure`` is not supported: its
+        backward pass would start reductions in the middle of the step."""
+        if closure is not None:
+            raise ValueError("DistributedOptimizer: step(closure) is not supported with "
+                             "sharding; call backward() before step()")
+        if not self._hora_member:
+            self._hora_synchronized = self._hora_clipped = False
+            return super().step()
+        if self._hora_should_synchronize and not self._hora_clipped:
+            if self._hora_synchronized and not self._hora_pending():
+                warn_step_after_synchronize()
+            else:
+                self.synchronize()
+        self._hora_synchronized = False
+        self._hora_clipped = False
+        self._hora_loaded = None
+        self._hora_refresh_pieces()
+        with self._hora_pieces_as_params():
+            result = super().step()
+        self._hora_gather_parameters()
+        return result
+
+    @contextlib.contextmanager
+    def _hora_pieces_as_params(self):
+        """The wrapped optimizer's groups hold this rank's pieces instead of
+        the parameters while it steps (and while its state is inspected)."""
+        saved = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [self._hora_pieces[p][1] for p in group["params"]
+                                   if p in self._hora_pieces]
+            yield
+        finally:
+            for group, params in zip(self.param_groups, saved):
+                group["params"] = params
+
+    def _hora_gather_parameters(self):
+        """Allgathers every bucket's updated pieces into the parameters."""
+        layout = self._hora_layout
+        order = list(reversed(range(len(layout.buckets))))  # forward order
+        started = collections.deque()
+
+        def start(b):
+            pieces = [self._hora_pieces[self._hora_params[piece.param]][1]
+                      for piece in layout.pieces(self._hora_rank, b)]
+            if len(pieces) == 1:
+                shard = pieces[0]
+            elif pieces:
+                shard = torch.cat(pieces)
+            else:
+                head = self._hora_params[layout.buckets[b].members[0]]
+                shard = torch.empty(0, dtype=head.dtype, device=head.device)
+            works, finish = start_allgather(
+                [shard], [f"allgather.{self._hora_bucket_names[b]}"], process_set=self._hora_set)
+            started.append((b, Handle(works, lambda ws: finish(ws)[0])))
+
+        for b in order[:_MAX_GATHERS_IN_FLIGHT]:
+            start(b)
+        following = order[_MAX_GATHERS_IN_FLIGHT:]
+        while started:
+            b, handle = started.popleft()
+            if following:
+                start(following.pop(0))
+            try:
+                flat = synchronize(handle)
+            except HoraError as error:
+                for _, other in started:
+                    with contextlib.suppress(HoraError):
+                        synchronize(other)
+                raise self._hora_name_bucket(error, b) from None
+            bucket = layout.buckets[b]
+            with torch.no_grad():
+                for position, offset in zip(bucket.members, bucket.offsets):
+                    p = self._hora_params[position]
+                    values = flat[offset:offset + p.numel()]
+                    if p.is_contiguous():
+                        p.view(-1).copy_(values)
+                    else:
+                        p.copy_(values.view(p.shape))
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's ``zero_grad``; ``RuntimeError`` while
+        gradients are being reduced (after backward, before step)."""
+        if self._hora_member and self._hora_pending():
+            raise zero_grad_while_reducing()
+        return super().zero_grad(*args, **kwargs)
+
+    def add_param_group(self, param_group):
+        """Not supported once sharded: the buckets and shards are cut when
+        the optimizer is wrapped. Add every group before wrapping."""
+        if "_hora_layout" not in self.__dict__:
+            return super().add_param_group(param_group)
+        raise ValueError("DistributedOptimizer: add_param_group() is not supported with "
+                         "sharding (the parameters were cut into shards when the optimizer "
+                         "was wrapped); add every parameter group before wrapping")
+
+    # checkpoints (hora.torch.sharded_checkpoint)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full optimizer state, in torch's own format, on every rank:
+        collective (every rank of the optimizer's process set calls it);
+        gathers every shard's state, bucket by bucket, so each rank
+        briefly holds the whole optimizer state. It loads into a sharded
+        optimizer at any world size, or into a plain torch optimizer."""
+        from hora.torch import sharded_checkpoint
+        return sharded_checkpoint.full_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a full state dict (from :meth:`state_dict` at any world
+        size, or from a plain torch optimizer); each rank keeps its slice.
+        Local: no communication."""
+        from hora.torch import sharded_checkpoint
+        sharded_checkpoint.load_full_state_dict(self, state_dict)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """This rank's shard of the optimizer state, with the layout it was
+        cut by: local, 1/N of the state. Save one per rank; load them back
+        with :meth:`load_sharded_state_dict` at the same world size, or
+        merge them with
+        :func:`hora.torch.sharded_checkpoint.consolidate_sharded_state_dicts`."""
+        from hora.torch import sharded_checkpoint
+        return sharded_checkpoint.sharded_state_dict(self)
+
+    def load_sharded_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads this rank's shard saved by :meth:`sharded_state_dict` (same
+        parameters, world size and rank; ``ValueError`` otherwise)."""
+        from hora.torch import sharded_checkpoint
+        sharded_checkpoint.load_sharded_state_dict(self, state_dict)
+
+
+def _clip_local(optimizer: Any, max_norm: float, norm_type: float,
+                error_if_nonfinite: bool) -> torch.Tensor:
+    """torch's clipping of the optimizer's own gradients (a rank outside the
+    process set, whose gradients are not reduced)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type,
+                                          error_if_nonfinite=error_if_nonfinite)
+
+
+# See optimizer.py: the wrapped class's step() already runs torch's hooks.
+_ShardedOptimizer.step.hooked = True
+
+
+# --- which optimizers can step a shard ----------------------------------------
+
+# torch's optimizers whose update of an element reads only that element's
+# parameter, gradient and state (and scalars): stepping a slice of a
+# parameter gives exactly that slice of the whole parameter's update.
+_ELEMENTWISE = {torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax,
+                torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Rprop,
+                torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD}
+# Why the others cannot; matched on class names so that optimizers from
+# other packages (apex's FusedLAMB, timm's Lamb, ...) are named too.
+_WHOLE_TENSOR = (
+    ("lbfgs", "it keeps a history of whole flattened parameter and gradient vectors and "
+              "re-evaluates the loss in step()"),
+    ("adafactor", "it factors the second moment of a matrix into row and column statistics"),
+    ("muon", "it orthogonalizes each whole weight matrix (Newton-Schulz iterations)"),
+    ("lamb", "its trust ratio divides the norm of each whole parameter by the norm of its "
+             "whole update"),
+    ("lars", "its trust ratio divides the norm of each whole parameter by the norm of its "
+             "whole gradient"),
+    ("shampoo", "it preconditions each whole parameter with matrices of its dimensions"),
+    ("soap", "it preconditions each whole parameter with matrices of its dimensions"),
+    ("sparseadam", "it steps sparse gradients, and shards are dense slices"),
+)
+_declared: set[type] = set()
+
+
+def declare_elementwise(optimizer_class: type) -> type:
+    """Declares that ``optimizer_class`` updates every element of a parameter
+    from that element's parameter, gradient and state alone, so that
+    ``DistributedOptimizer(..., sharding=...)`` may step slices of
+    parameters with it. torch's SGD, Adam, AdamW, Adamax, NAdam, RAdam,
+    RMSprop, Rprop, Adagrad, Adadelta and ASGD (and their subclasses) need
+    no declaration. Returns the class, so it also works as a decorator."""
+    if not (isinstance(optimizer_class, type)
+            and issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise TypeError(f"declare_elementwise takes a torch.optim.Optimizer subclass, got "
+                        f"{optimizer_class!r}")
+    _declared.add(optimizer_class)
+    return optimizer_class
+
+
+def check_elementwise(optimizer: torch.optim.Optimizer, sharding: str) -> None:
+    """``ValueError`` naming ``optimizer``'s class unless its update is known
+    to be elementwise (see :func:`declare_elementwise`)."""
+    cls = type(optimizer)
+    if any(issubclass(cls, known) for known in _ELEMENTWISE | _declared):
+        return
+    lowered = {c.__name__.lower() for c in cls.__mro__}
+    for fragment, why in _WHOLE_TENSOR:
+        if any(fragment in name for name in lowered):
+            raise ValueError(
+                f"DistributedOptimizer(sharding={sharding!r}): {cls.__name__} cannot step a "
+                f"shard: {why}, and with sharding each rank holds only a slice of a parameter. "
+                f"Use sharding=None (replicated) with this optimizer")
+    raise ValueError(
+        f"DistributedOptimizer(sharding={sharding!r}): hora cannot tell whether "
+        f"{cls.__module__}.{cls.__name__} updates each element on its own, which stepping a "
+        f"slice of a parameter needs. If it does (as SGD and Adam do), declare it with "
+        f"hora.torch.declare_elementwise({cls.__name__}); if it uses whole tensors (norms, "
+        f"matrix factors), use sharding=None")
+
+
+def check_sharding(sharding: Any) -> int:
+    """The stage a ``sharding=`` value names (0: None, replicated)."""
+    if sharding is None:
+        return 0
+    if not isinstance(sharding, str) or sharding not in STAGES:
+        raise ValueError(f"DistributedOptimizer: sharding must be None, 'optimizer_state', "
+                         f"'gradients' or 'parameters', got {sharding!r}")
+    return STAGES[sharding]
+
+
+def check_same_parameters(params: list[torch.Tensor], names: dict[torch.Tensor, str],
+                          process_set: Any) -> None:
+    """Collective over ``process_set``: every rank must shard the same
+    parameters (names, shapes, dtypes, in the same order), else every rank
+    raises :class:`hora.HoraMismatchError` naming the first parameter that
+    differs, the ranks and both values."""
+    from hora.common.exceptions import HoraMismatchError
+    from hora.torch.functions import allgather_object
+    mine = [(names[p], tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in params]
+    everyone = allgather_object(mine, name="DistributedOptimizer.sharding.parameters",
+                                process_set=process_set)
+    members = (list(range(len(everyone))) if process_set is global_process_set
+               else list(process_set.ranks))
+    reference = everyone[0]
+    for rank, theirs in zip(members[1:], everyone[1:]):
+        if theirs == reference:
+            continue
+        for i in range(max(len(theirs), len(reference))):
+            ours = reference[i] if i < len(reference) else None
+            other = theirs[i] if i < len(theirs) else None
+            if ours != other:
+                raise HoraMismatchError(
+                    f"DistributedOptimizer(sharding=...): ranks hold different parameters; "
+                    f"parameter {i} is {_describe(ours)} on rank {members[0]} but "
+                    f"{_describe(other)} on rank {rank}")
+
+
+def _describe(entry: Any) -> str:
+    if entry is None:
+        return "missing"
+    name, shape, dtype = entry
+    return f"'{name}' {dtype} {list(shape)}"

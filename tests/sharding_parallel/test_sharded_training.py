@@ -1,0 +1,259 @@
+"""Sharded training (ZeRO stages 1 and 2) gives the parameters replicated
+training gives, keeps 1/N of the state, and works with everything the
+replicated DistributedOptimizer works with."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hora.torch as hvd  # noqa: E402
+from sharding_helpers import (  # noqa: E402
+    assert_identical_on_every_rank, assert_same, batch, make, parameters, train)
+
+STAGES = ["optimizer_state", "gradients"]
+OPTIMIZERS = [
+    (torch.optim.SGD, {"momentum": 0.9, "weight_decay": 1e-3}),
+    (torch.optim.Adam, {}),
+    (torch.optim.AdamW, {"weight_decay": 0.1}),
+    (torch.optim.RMSprop, {"momentum": 0.5}),
+    (torch.optim.Adagrad, {}),
+]
+
+
+def exact_reduction(size):
+    """At two ranks a sum has one order whatever the algorithm, so the
+    sharded and replicated results are bit-identical; beyond, the
+    reducescatter may add in another order than the allreduce."""
+    return size <= 2
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+@pytest.mark.parametrize("optimizer_class,options", OPTIMIZERS,
+                         ids=[c.__name__ for c, _ in OPTIMIZERS])
+def test_sharded_training_matches_replicated(sharding, optimizer_class, options, size):
+    model, optimizer = make(optimizer_class, optimizer_options=options)
+    train(model, optimizer)
+    expected = parameters(model)
+    model, optimizer = make(optimizer_class, sharding, optimizer_options=options)
+    train(model, optimizer)
+    assert_same(parameters(model), expected, exact=exact_reduction(size))
+    assert_identical_on_every_rank(model)
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+@pytest.mark.parametrize("bucket_bytes", [0, 64, 1 << 20])
+def test_any_bucket_size_gives_the_same_parameters(sharding, bucket_bytes, size):
+    model, optimizer = make(bucket_bytes=bucket_bytes)
+    train(model, optimizer)
+    expected = parameters(model)
+    model, optimizer = make(sharding=sharding, bucket_bytes=bucket_bytes)
+    train(model, optimizer)
+    assert_same(parameters(model), expected, exact=exact_reduction(size))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_state_and_gradients_are_one_nth_of_replicated(sharding, size):
+    model, replicated = make()
+    train(model, replicated, steps=1, passes=1)
+    replicated_state = state_bytes(replicated.state)
+    model, optimizer = make(sharding=sharding)
+    # the gradients live between backward and step
+    x, y = batch(0, hvd.rank())
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.synchronize()
+    full_gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+    shards = sum(s.numel() * s.element_size() for s in optimizer._hora_grad_shards)
+    kept = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
+               if p.grad is not None)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    state = state_bytes(optimizer.state)
+    # every element's state lives on exactly one rank
+    total_state = hvd.allreduce(torch.tensor([float(state)]), op=hvd.Sum, name="sharding.state")
+    total_shards = hvd.allreduce(torch.tensor([float(shards)]), op=hvd.Sum, name="sharding.grads")
+    assert float(total_state[0]) == replicated_state
+    assert float(total_shards[0]) == full_gradients
+    # and every rank holds 1/N of it, to within one element per bucket
+    buckets = len(optimizer._hora_layout.buckets)
+    assert abs(shards - full_gradients / size) <= 4 * buckets
+    if sharding == "gradients":
+        assert kept == 0  # p.grad freed once it was in its bucket
+    else:
+        assert kept == full_gradients
+
+
+def state_bytes(state):
+    """Bytes of per-element state (Adam's moments; not its step counters)."""
+    return sum(v.numel() * v.element_size() for entry in state.values()
+               for key, v in entry.items() if isinstance(v, torch.Tensor) and key != "step")
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_backward_passes_per_step(sharding, size):
+    model, optimizer = make(backward_passes_per_step=2)
+    train(model, optimizer, passes=2)
+    expected = parameters(model)
+    model, optimizer = make(sharding=sharding, backward_passes_per_step=2)
+    train(model, optimizer, passes=2)
+    # stage 1 reduces the accumulated gradient once, as replicated does;
+    # stage 2 reduces every pass into the shard (sums in another order)
+    assert_same(parameters(model), expected,
+                exact=sharding == "optimizer_state" and exact_reduction(size))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compression(sharding, compression, size):
+    codec = getattr(hvd.Compression, compression)
+    model, optimizer = make(compression=codec)
+    train(model, optimizer)
+    expected = parameters(model)
+    model, optimizer = make(sharding=sharding, compression=codec)
+    train(model, optimizer)
+    # a cast bucket rounds like the cast gradients; the reductions sum the
+    # same 16-bit values in float32
+    assert_same(parameters(model), expected, exact=exact_reduction(size))
+    assert_identical_on_every_rank(model)
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_gradient_predivide_factor_and_sum(sharding, size):
+    for options in ({"gradient_predivide_factor": 2.0}, {"op": hvd.Sum}):
+        model, optimizer = make(torch.optim.SGD, **options)
+        train(model, optimizer)
+        expected = parameters(model)
+        model, optimizer = make(torch.optim.SGD, sharding, **options)
+        train(model, optimizer)
+        assert_same(parameters(model), expected)
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_clip_grad_norm_across_shards(sharding, size):
+    model, optimizer = make(torch.optim.SGD)
+    norms = []
+    for step in range(3):
+        x, y = batch(step, hvd.rank())
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.synchronize()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        optimizer.zero_grad()
+    expected = parameters(model)
+    model, optimizer = make(torch.optim.SGD, sharding)
+    got = train(model, optimizer, steps=3, clip=0.05)
+    assert got == pytest.approx(norms, rel=1e-5)
+    assert min(norms) > 0.05  # clipping took effect
+    assert_same(parameters(model), expected)
+
+
+def test_clip_grad_norm_on_the_replicated_optimizer(size):
+    model, optimizer = make(torch.optim.SGD)
+    norms = train(model, optimizer, steps=2, clip=0.05)
+    assert all(n > 0.05 for n in norms)
+    expected = parameters(model)
+    model, optimizer = make(torch.optim.SGD, sharding="gradients")
+    assert train(model, optimizer, steps=2, clip=0.05) == pytest.approx(norms, rel=1e-5)
+    assert_same(parameters(model), expected)
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_a_parameter_unused_on_one_rank(sharding, rank, size):
+    """Rank 0 never uses the convolution: its gradient counts as zeros there
+    and nothing waits for it."""
+    def run(sharding):
+        model, optimizer = make(torch.optim.SGD, sharding)
+        for step in range(3):
+            x, y = batch(step, rank)
+            if rank == 0:
+                h = torch.zeros(x.shape[0], 48)
+                out = model.out(torch.tanh(model.hidden(h))) * model.gain
+            else:
+                out = model(x)
+            torch.nn.functional.mse_loss(out, y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return parameters(model)
+    assert_same(run(sharding), run(None))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_parameters_that_are_not_contiguous(sharding, size):
+    model, optimizer = make(channels_last=True)
+    assert not model.conv.weight.is_contiguous()
+    train(model, optimizer)
+    expected = parameters(model)
+    model, optimizer = make(sharding=sharding, channels_last=True)
+    train(model, optimizer)
+    assert_same(parameters(model), expected, exact=exact_reduction(size))
+    assert not model.conv.weight.is_contiguous()
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_sparse_gradients_as_dense(sharding, rank, size):
+    def run(sharding):
+        torch.manual_seed(5)
+        embedding = torch.nn.Embedding(10, 3, sparse=True)
+        head = torch.nn.Linear(3, 2)
+        params = list(embedding.parameters()) + list(head.parameters())
+        names = [("embedding.weight", embedding.weight), ("head.weight", head.weight),
+                 ("head.bias", head.bias)]
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
+                                             named_parameters=names, sparse_as_dense=True,
+                                             sharding=sharding)
+        for step in range(3):
+            index = torch.tensor([(rank + step) % 10, 3])
+            head(embedding(index)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in params]
+    assert_same(run(sharding), run(None))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_parameter_groups_with_their_own_options(sharding, size):
+    def run(sharding):
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+        torch.manual_seed(2)
+        for p in model.parameters():
+            torch.nn.init.normal_(p)
+        decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        plain = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.AdamW([{"params": decay, "weight_decay": 0.5},
+                               {"params": plain, "weight_decay": 0.0, "lr": 0.1}], lr=0.01),
+            named_parameters=model.named_parameters(), sharding=sharding, bucket_bytes=64)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        for step in range(3):
+            x = torch.randn(4, 5, generator=torch.Generator().manual_seed(step + hvd.rank()))
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+        assert optimizer.param_groups[1]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+        return [p.detach().clone() for p in model.parameters()]
+    assert_same(run(sharding), run(None), exact=exact_reduction(hvd.size()))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_synchronize_then_step_in_skip_synchronize(sharding, size):
+    model, optimizer = make(sharding=sharding)
+    x, y = batch(0, hvd.rank())
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.synchronize()
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    optimizer.zero_grad()
+    reference, replicated = make()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    replicated.step()
+    assert_same(parameters(model), parameters(reference), exact=exact_reduction(size))
+
+
+def test_wrapped_optimizer_behaves_like_its_class(size):
+    model, optimizer = make(torch.optim.AdamW, "gradients")
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert [p for g in optimizer.param_groups for p in g["params"]] == list(model.parameters())
+    train(model, optimizer, steps=1)
+    # the groups show the parameters again after the step
+    assert [p for g in optimizer.param_groups for p in g["params"]] == list(model.parameters())
