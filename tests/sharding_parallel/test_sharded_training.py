@@ -257,3 +257,52 @@ def test_wrapped_optimizer_behaves_like_its_class(size):
     train(model, optimizer, steps=1)
     # the groups show the parameters again after the step
     assert [p for g in optimizer.param_groups for p in g["params"]] == list(model.parameters())
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_sharded_inside_a_process_set_local_outside(sharding, rank, size):
+    """Sharded among ranks 0 and 1 only; a rank outside the set steps on its
+    own gradients, as Horovod's process_set= does."""
+    if size < 3:
+        pytest.skip("a set of two ranks smaller than the job needs three")
+    pair = hvd.add_process_set([0, 1])
+    try:
+        model, optimizer = make(process_set=pair)
+        train(model, optimizer)
+        expected = parameters(model)
+        model, optimizer = make(sharding=sharding, process_set=pair)
+        train(model, optimizer)
+        assert_same(parameters(model), expected, exact=True)
+    finally:
+        hvd.remove_process_set(pair)
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_hybrid_sharding_matches_replicated_training(sharding, rank, size):
+    """Shards inside sets of two ranks (of one rank at 2 and 3 ranks),
+    replicated across them (FSDP's HYBRID_SHARD): the parameters of plain
+    replicated training over every rank."""
+    if size == 1:
+        pytest.skip("hybrid sharding needs two ranks")
+    width = 2 if size % 2 == 0 and size > 2 else 1
+
+    def process_set(ranks):
+        return hvd.global_process_set if len(ranks) == size else hvd.add_process_set(ranks)
+
+    shard_sets = [process_set(list(range(start, start + width)))
+                  for start in range(0, size, width)]
+    replica_sets = [process_set(list(range(offset, size, width))) for offset in range(width)]
+    try:
+        model, optimizer = make()
+        train(model, optimizer)
+        expected = parameters(model)
+        model, optimizer = make(sharding=sharding, process_set=shard_sets[rank // width],
+                                replica_process_set=replica_sets[rank % width])
+        assert optimizer._hora_layout.size == width
+        train(model, optimizer)
+        assert_same(parameters(model), expected)
+        assert_identical_on_every_rank(model)
+    finally:
+        for made in shard_sets + replica_sets:
+            if made is not hvd.global_process_set:
+                hvd.remove_process_set(made)

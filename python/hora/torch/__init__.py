@@ -31,6 +31,7 @@ from hora.torch.mpi_ops import (
     grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
     reducescatter, reducescatter_async, remove_process_set, sparse_allreduce_async, synchronize)
 from hora.torch.optimizer import DistributedOptimizer
+from hora.torch.sharded_optimizer import declare_elementwise
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
 from hora.torch import elastic  # noqa: E402  (hvd.elastic.run, after the names it uses)
@@ -45,6 +46,7 @@ __all__ = [
     "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "broadcast_object", "elastic", "broadcast_optimizer_state", "broadcast_parameters",
     "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "declare_elementwise",
     "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather",
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",

@@ -20,6 +20,7 @@ from hora.torch import mpi_ops
 from hora.torch._collectives import (
     ProcessSet, check_root, check_tensor, global_process_set, set_id, set_object)
 from hora.torch.optimizer import _local_step
+from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor]
@@ -172,6 +173,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     ranks' parameter groups differ in layout; when creating the state fails
     on some rank, every rank raises ``RuntimeError`` naming the rank and its
     error.
+
+    A sharded optimizer (``DistributedOptimizer(..., sharding=...)``) holds
+    a different slice of the state on every rank, so there is nothing to
+    copy from the root but its hyper-parameters, unless the root has just
+    loaded a full state dict (``optimizer.load_state_dict(...)`` on the
+    root only, as Horovod scripts resume): that state is then broadcast,
+    one tensor at a time, and every rank keeps its slice.
     """
     set_id(process_set, "broadcast_optimizer_state")
     process_set = set_object(process_set)
@@ -181,6 +189,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         raise TypeError(f"broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     root_rank = check_root(root_rank, "broadcast_optimizer_state")
+    if isinstance(optimizer, _ShardedOptimizer) and optimizer._hora_member:
+        return _broadcast_sharded_state(optimizer, root_rank, process_set)
     is_root = rank() == root_rank
     description = _ops.broadcast_object(_describe(optimizer) if is_root else None, root_rank,
                                         name="broadcast_optimizer_state.layout",
@@ -228,6 +238,51 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                         state[key], root_rank, name=f"broadcast_optimizer_state.{i}.{j}.{key}",
                         process_set=process_set))
     wait_all(handles)
+
+
+def _broadcast_sharded_state(optimizer, root_rank, process_set):
+    """broadcast_optimizer_state of a sharded optimizer (see there)."""
+    from hora.torch import sharded_checkpoint
+    loaded = optimizer._hora_loaded if rank() == root_rank else None
+    skeleton = None
+    if loaded is not None:
+        skeleton = {number: {key: ("tensor", tuple(v.shape), v.dtype)
+                             if isinstance(v, torch.Tensor) else ("value", v)
+                             for key, v in entry.items()}
+                    for number, entry in loaded["state"].items()}
+    options, skeleton = _ops.broadcast_object(
+        ([_options(group) for group in optimizer.param_groups], skeleton), root_rank,
+        name="broadcast_optimizer_state.sharded", process_set=process_set)
+    if len(options) != len(optimizer.param_groups):
+        raise ValueError(f"broadcast_optimizer_state: rank {rank()} has "
+                         f"{len(optimizer.param_groups)} parameter groups but root rank "
+                         f"{root_rank} has {len(options)}")
+    for group, values in zip(optimizer.param_groups, options):
+        group.update(values)
+    optimizer._hora_loaded = None
+    if skeleton is None:
+        return
+    params = {number: p for p, number in sharded_checkpoint.numbering(optimizer).items()}
+    sliced = {}
+    for number in sorted(skeleton):
+        full = {}
+        for key, spec in skeleton[number].items():
+            if spec[0] == "value":
+                full[key] = spec[1]
+                continue
+            # through host memory: a checkpoint may sit on another device
+            # on the root than this rank's parameters
+            tensor = (loaded["state"][number][key].detach().cpu() if loaded is not None
+                      else torch.empty(spec[1], dtype=spec[2]))
+            full[key] = mpi_ops.broadcast(tensor, root_rank,
+                                          name=f"broadcast_optimizer_state.{number}.{key}",
+                                          process_set=process_set)
+        param = params[number]
+        full = {key: value.to(param.device) if isinstance(value, torch.Tensor)
+                and value.dim() > 0 else value for key, value in full.items()}
+        sharded_checkpoint.keep_slice(optimizer, param, full, sliced)
+    optimizer.state.clear()
+    optimizer.state.update(sliced)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

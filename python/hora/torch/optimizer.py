@@ -42,7 +42,7 @@ from hora.torch._collectives import (
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 from hora.torch.sharded_optimizer import (
-    _ShardedOptimizer, check_elementwise, check_same_parameters, check_sharding)
+    _ShardedOptimizer, check_elementwise, check_replicas, check_same_parameters, check_sharding)
 
 _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
@@ -393,7 +393,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, *,
                          bucket_bytes: int | None = None,
-                         sharding: str | None = None) -> torch.optim.Optimizer:
+                         sharding: str | None = None,
+                         replica_process_set: ProcessSet | None = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -461,6 +462,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             the optimizer's ``clip_grad_norm_``), and the optimizer must
             update each element on its own (SGD, Adam, AdamW, RMSprop,
             Adagrad, ...; ``ValueError`` otherwise). See ``docs/sharding.md``.
+        replica_process_set: (hora's, keyword only, with ``sharding``)
+            hybrid sharding, as FSDP's HYBRID_SHARD: the state is sharded
+            among the ranks of ``process_set`` and each shard is replicated
+            on the ranks of this set, one per copy of ``process_set``
+            (e.g. ``process_set`` the ranks of this host, this set the ranks
+            with the same local rank on the other hosts); the reduced
+            shards are averaged across it, so the gradients are averaged
+            over every rank of both.
 
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
@@ -522,9 +531,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     hora_names = {p: f"allreduce.{name}" for p, name in names.items()}
     units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
 
+    if replica_process_set is not None and not stage:
+        raise ValueError("DistributedOptimizer: replica_process_set is for hybrid sharding; "
+                         "pass sharding= too")
     if stage:
         return _sharded_optimizer(optimizer, names, params, units, stage, policy, passes,
-                                  sparse_as_dense, process_set)
+                                  sparse_as_dense, process_set, replica_process_set)
     member = process_set is global_process_set or bool(process_set.included())
     if policy.op == Adasum and member and set_size(process_set) > 1:
         return _adasum_optimizer(optimizer, names, policy, passes, process_set)
@@ -571,15 +583,24 @@ def _adasum_optimizer(optimizer, names, policy, passes, process_set):
 
 
 def _sharded_optimizer(optimizer, names, params, units, stage, policy, passes, sparse_as_dense,
-                       process_set):
+                       process_set, replicas):
     """ZeRO stages 1 and 2 (see :mod:`hora.torch.sharded_optimizer`)."""
     member = process_set is global_process_set or bool(process_set.included())
+    if replicas is not None:
+        set_id(replicas, "DistributedOptimizer replica_process_set")
+        if member and not replicas.included():
+            raise ValueError(f"DistributedOptimizer: this rank is in process_set but not in "
+                             f"replica_process_set {replicas}; every rank of a sharded set "
+                             f"needs the set of its replicas")
     if member:
         check_same_parameters(params, names, process_set)
     wrapped = _rewrap(optimizer, _ShardedOptimizer, _SHARDED_CLASSES, names, process_set)
     position = {p: i for i, p in enumerate(params)}
     wrapped._hora_shard_setup(params, names, [[position[p] for p in unit] for unit in units],
-                              stage, policy, passes, sparse_as_dense, process_set)
+                              stage, policy, passes, sparse_as_dense, process_set,
+                              replicas if member else None)
+    if member and replicas is not None:
+        check_replicas(wrapped._hora_layout, wrapped._hora_rank, process_set, replicas)
     return wrapped
 
 

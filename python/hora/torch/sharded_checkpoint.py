@@ -146,23 +146,32 @@ def load_full_state_dict(optimizer: Any, state_dict: dict[str, Any]) -> None:
     with _state_of_parameters(optimizer, {}):
         base.load_state_dict(state_dict)
         loaded = optimizer.state
+    if not optimizer._hora_member:
+        optimizer.state = loaded
+        return
     sliced: dict[Any, dict[str, Any]] = collections.defaultdict(dict)
     for p, state in loaded.items():
-        if p not in optimizer._hora_pieces:
-            if not optimizer._hora_member:
-                sliced[p] = state
-            continue
-        piece, tensor, _, _ = optimizer._hora_pieces[p]
-        sliced[tensor] = {
-            key: value.reshape(-1)[piece.start:piece.stop].clone()
-            if _elementwise_full(key, value, p) else value
-            for key, value in state.items()}
+        keep_slice(optimizer, p, state, sliced)
     optimizer.state = sliced
     # broadcast_optimizer_state() may hand this on from its root
     optimizer._hora_loaded = state_dict
 
 
-def _numbering(optimizer: Any) -> dict[Any, int]:
+def keep_slice(optimizer: Any, param: torch.Tensor, state: dict[str, Any],
+               into: dict[Any, dict[str, Any]]) -> None:
+    """Puts this rank's slice of ``param``'s full ``state`` into ``into``
+    (keyed by the piece the wrapped optimizer steps); nothing when this
+    rank owns no part of ``param``."""
+    entry = optimizer._hora_pieces.get(param)
+    if entry is None:
+        return
+    piece, tensor, _, _ = entry
+    into[tensor] = {key: value.reshape(-1)[piece.start:piece.stop].clone()
+                    if _elementwise_full(key, value, param) else value
+                    for key, value in state.items()}
+
+
+def numbering(optimizer: Any) -> dict[Any, int]:
     """Parameter -> its number in torch's state dicts (position over all
     groups, as ``Optimizer.state_dict`` numbers them)."""
     numbers: dict[Any, int] = {}
@@ -181,7 +190,7 @@ def sharded_state_dict(optimizer: Any) -> dict[str, Any]:
              in _piece_state(optimizer).items()}
     with _state_of_parameters(optimizer, state):
         result = _base(optimizer).state_dict()
-    numbers = _numbering(optimizer)
+    numbers = numbering(optimizer)
     result[FORMAT] = {
         "rank": optimizer._hora_rank,
         "size": layout.size,

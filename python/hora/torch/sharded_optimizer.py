@@ -57,8 +57,10 @@ class _ShardedOptimizer:
     # --- set-up ------------------------------------------------------------
 
     def _hora_shard_setup(self, params, names, units, stage, policy, passes,
-                          sparse_as_dense, process_set):
+                          sparse_as_dense, process_set, replicas=None):
         self._hora_stage = stage
+        # hybrid sharding: the ranks holding the same shard in other sets
+        self._hora_replicas = replicas
         self._hora_params = params                  # layout position -> parameter
         self._hora_position = {p: i for i, p in enumerate(params)}
         self._hora_process_set = process_set
@@ -81,13 +83,15 @@ class _ShardedOptimizer:
         # This rank's shard of each bucket's reduced gradient; the pieces'
         # .grad are views into it.
         self._hora_grad_shards = []
-        for b, bucket in enumerate(layout.buckets):
-            head = params[bucket.members[0]]
-            self._hora_grad_shards.append(torch.zeros(
-                layout.shard_numel(b, self._hora_rank), dtype=head.dtype, device=head.device))
-        self._hora_pieces = {}   # parameter -> (layout Piece, piece tensor, data_ptr it views)
-        for piece in layout.pieces(self._hora_rank):
-            self._hora_pieces[params[piece.param]] = self._hora_make_piece(piece)
+        self._hora_pieces = {}   # parameter -> _hora_make_piece(its piece)
+        if self._hora_member:    # outside the set every step is a local one
+            for b, bucket in enumerate(layout.buckets):
+                head = params[bucket.members[0]]
+                self._hora_grad_shards.append(torch.zeros(
+                    layout.shard_numel(b, self._hora_rank), dtype=head.dtype,
+                    device=head.device))
+            for piece in layout.pieces(self._hora_rank):
+                self._hora_pieces[params[piece.param]] = self._hora_make_piece(piece)
         # per step
         self._hora_delay = {p: passes for p in params}
         self._hora_flat = {}        # bucket -> flat buffer being filled
@@ -260,6 +264,28 @@ class _ShardedOptimizer:
         return type(error)(f"{error} (the gradients of the {len(bucket.members)} parameter(s) "
                            f"'{first}' .. '{last}', reduced together as one sharded bucket)")
 
+    def _hora_reduce_across_replicas(self):
+        """Hybrid sharding: averages (or sums) each reduced shard over the
+        ranks that hold the same shard in the other sets, as one grouped
+        allreduce."""
+        from hora.torch.mpi_ops import grouped_allreduce_
+        shards = [s for s in self._hora_grad_shards if s.numel()]
+        if not shards:
+            return
+        compressed = [self._hora_compression.compress(s) for s in shards]
+        wires = [wire for wire, _ in compressed]
+        try:
+            grouped_allreduce_(wires, op=self._hora_op,
+                               name="DistributedOptimizer.sharding.replicas",
+                               process_set=self._hora_replicas)
+        except HoraError as error:
+            raise type(error)(f"{error} (the reduction of this rank's gradient shards across "
+                              f"the replicas of its process set)") from None
+        with torch.no_grad():
+            for shard, wire, (_, context) in zip(shards, wires, compressed):
+                if wire is not shard:
+                    shard.copy_(self._hora_compression.decompress(wire, context))
+
     def _hora_pending(self):
         return bool(self._hora_in_flight or self._hora_flat or self._hora_launches)
 
@@ -304,6 +330,8 @@ class _ShardedOptimizer:
                     self._hora_launch(b)
             while self._hora_in_flight:
                 self._hora_finish_oldest()
+            if self._hora_replicas is not None:
+                self._hora_reduce_across_replicas()
         finally:
             if not self._hora_in_flight:
                 self._hora_reset_step()
@@ -552,8 +580,9 @@ def check_elementwise(optimizer: torch.optim.Optimizer, sharding: str) -> None:
     """``ValueError`` naming ``optimizer``'s class unless its update is known
     to be elementwise (see :func:`declare_elementwise`)."""
     cls = type(optimizer)
-    if any(issubclass(cls, known) for known in _ELEMENTWISE | _declared):
+    if any(issubclass(cls, declared) for declared in _declared):
         return
+    # names first: a LAMB built on SGD's class is still a LAMB
     lowered = {c.__name__.lower() for c in cls.__mro__}
     for fragment, why in _WHOLE_TENSOR:
         if any(fragment in name for name in lowered):
@@ -561,6 +590,8 @@ def check_elementwise(optimizer: torch.optim.Optimizer, sharding: str) -> None:
                 f"DistributedOptimizer(sharding={sharding!r}): {cls.__name__} cannot step a "
                 f"shard: {why}, and with sharding each rank holds only a slice of a parameter. "
                 f"Use sharding=None (replicated) with this optimizer")
+    if any(issubclass(cls, known) for known in _ELEMENTWISE):
+        return
     raise ValueError(
         f"DistributedOptimizer(sharding={sharding!r}): hora cannot tell whether "
         f"{cls.__module__}.{cls.__name__} updates each element on its own, which stepping a "
@@ -577,6 +608,22 @@ def check_sharding(sharding: Any) -> int:
         raise ValueError(f"DistributedOptimizer: sharding must be None, 'optimizer_state', "
                          f"'gradients' or 'parameters', got {sharding!r}")
     return STAGES[sharding]
+
+
+def check_replicas(layout: ShardLayout, rank: int, process_set: Any, replicas: Any) -> None:
+    """Collective over ``replicas``: its ranks must hold the same shard of
+    the same layout (the same position in sets of the same size), else
+    ``ValueError`` on each of them naming the ranks that differ."""
+    from hora.torch.functions import allgather_object
+    mine = (rank, layout.size, layout.fingerprint())
+    everyone = allgather_object(mine, name="DistributedOptimizer.sharding.replicas",
+                                process_set=replicas)
+    if any(theirs != everyone[0] for theirs in everyone):
+        described = ", ".join(f"rank {r}: shard {s[0]} of {s[1]} (layout {s[2]})"
+                              for r, s in zip(replicas.ranks, everyone))
+        raise ValueError(
+            f"DistributedOptimizer: the ranks of replica_process_set must hold the same shard "
+            f"of the same parameters, each in a process_set of the same size; got {described}")
 
 
 def check_same_parameters(params: list[torch.Tensor], names: dict[torch.Tensor, str],
