@@ -4,6 +4,7 @@
 // instance (its scratch space reused).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "hora/algo/ring_allreduce.h"
@@ -71,6 +72,76 @@ TEST_P(RingTest, MaxOfIntegers) {
       if (values[i] != want) {
         return Status::Internal("element " + std::to_string(i) + ": got " +
                                 std::to_string(values[i]) + ", want " + std::to_string(want));
+      }
+    }
+    return Status::OK();
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+// The reduce-scatter half leaves each rank its block of the sum (here a
+// reducescatter's split: count / n elements, the first count % n ranks
+// one more).
+TEST_P(RingTest, ReduceScatterLeavesEachRankItsBlock) {
+  const RingCase c = GetParam();
+  const std::vector<int64_t> counts = {1, 2, 5, 7, 64, 129, 1001, 4099};
+  const std::vector<Status> results = RunRanks(c.size, c.size, [&](Communicator& comm) {
+    RingAllreduce ring(c.piece_bytes);
+    const int n = comm.size(), me = comm.rank();
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      for (int64_t count : counts) {
+        std::vector<float> buffer(count);
+        for (int64_t i = 0; i < count; ++i) buffer[i] = (me + 1) * ((i % 13) + 1) + repeat;
+        std::vector<int64_t> blocks(n);
+        for (int r = 0; r < n; ++r) blocks[r] = count / n + (r < count % n ? 1 : 0);
+        HORA_RETURN_IF_ERROR(
+            ring.ReduceScatter(&comm, buffer.data(), blocks, DataType::kFloat32, ReduceOp::kSum));
+        const int64_t begin = me * (count / n) + std::min<int64_t>(me, count % n);
+        const int64_t end = begin + blocks[me];
+        for (int64_t i = begin; i < end; ++i) {
+          const float want = static_cast<float>(n * (n + 1) / 2 * ((i % 13) + 1) + n * repeat);
+          if (buffer[i] != want) {
+            return Status::Internal("count " + std::to_string(count) + " element " +
+                                    std::to_string(i) + ": got " + std::to_string(buffer[i]) +
+                                    ", want " + std::to_string(want));
+          }
+        }
+      }
+    }
+    return Status::OK();
+  });
+  EXPECT_EQ(Failures(results), "");
+}
+
+// The allgather half fills in every rank's block, whatever their sizes
+// (empty ones too, and blocks of many pieces next to blocks of none).
+TEST_P(RingTest, AllgatherFillsEveryBlock) {
+  const RingCase c = GetParam();
+  const std::vector<Status> results = RunRanks(c.size, c.size, [&](Communicator& comm) {
+    RingAllreduce ring(c.piece_bytes);
+    const int n = comm.size(), me = comm.rank();
+    for (int pattern = 0; pattern < 3; ++pattern) {
+      std::vector<int64_t> bytes(n);
+      for (int r = 0; r < n; ++r) {
+        bytes[r] = pattern == 0 ? 37 : pattern == 1 ? (r % 2 ? 0 : 300 + 41 * r) : 5 * r;
+      }
+      int64_t total = 0, mine = 0;
+      for (int r = 0; r < n; ++r) {
+        if (r == me) mine = total;
+        total += bytes[r];
+      }
+      std::vector<uint8_t> buffer(total, 0);
+      for (int64_t i = 0; i < bytes[me]; ++i) buffer[mine + i] = static_cast<uint8_t>(me * 31 + i);
+      HORA_RETURN_IF_ERROR(ring.Allgather(&comm, buffer.data(), bytes));
+      int64_t offset = 0;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < bytes[r]; ++i) {
+          if (buffer[offset + i] != static_cast<uint8_t>(r * 31 + i)) {
+            return Status::Internal("pattern " + std::to_string(pattern) + ": block of rank " +
+                                    std::to_string(r) + " byte " + std::to_string(i) + " wrong");
+          }
+        }
+        offset += bytes[r];
       }
     }
     return Status::OK();

@@ -59,3 +59,20 @@ def test_reducescatter_float16_average_does_not_overflow(rank, size):
     x = np.full((size + 1, 2), 40000, np.float16)
     result = hora.reducescatter(x, name="reducescatter.f16_overflow", op=hora.Average)
     assert_same(result, np.full((reducescatter_rows(size + 1, size)[rank], 2), 40000, np.float16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+@pytest.mark.parametrize("op", [hora.Sum, hora.Average, hora.Max], ids=op_name)
+def test_reducescatter_large_enough_for_the_ring(dtype, op, rank, size):
+    """Past 64 KiB the reducescatter goes around hora's ring (unless MPI's
+    is forced): rows of 301 elements, a count that does not divide evenly,
+    the halves widened to float32 on the way."""
+    tag = f"reducescatter.ring.{dtype}.{op_name(op)}"
+    shape = (40 * size + 3, 301)
+    x = rank_input(tag, rank, shape, dtype)
+    before = x.copy()
+    result = hora.reducescatter(x, name=tag, op=op)
+    full = reduce_reference(inputs_of(tag, range(size), shape, dtype), op, dtype)
+    assert result.shape == (reducescatter_rows(shape[0], size)[rank], 301)
+    assert_reduced(result, reducescatter_block(full, rank, size), op)
+    assert_same(x, before)

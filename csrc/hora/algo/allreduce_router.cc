@@ -80,6 +80,11 @@ AllreducePath AllreduceRouter::Choose(int64_t bytes) const {
   return AllreducePath::kRing;
 }
 
+bool AllreduceRouter::RingFor(int64_t bytes) const {
+  return comm_->size() > 1 && settings_.algorithm != AllreduceAlgorithm::kMpi &&
+         bytes > settings_.small_allreduce_bytes;
+}
+
 Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
                             double prescale, double factor) {
   const bool half = IsHalf(dtype);

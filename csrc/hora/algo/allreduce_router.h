@@ -64,6 +64,14 @@ class AllreduceRouter {
 
   std::string Describe() const;
 
+  // Whether a reducescatter or allgather of `bytes` in all (in the wire
+  // type) goes around the ring: MPI's own collective serves small messages
+  // and the "mpi" algorithm; larger ones take the pipelined ring, whose
+  // speed does not fall off a cliff at some size as MPI's shared-memory
+  // reduce-scatter and allgather do (3.4 ms for 16 MiB, 29 ms for 32 MiB).
+  bool RingFor(int64_t bytes) const;
+  RingAllreduce& ring() { return ring_; }
+
  private:
   AllreduceRouter(Communicator* comm, const AllreduceSettings& settings)
       : comm_(comm), settings_(settings) {}

@@ -21,6 +21,8 @@
 
 namespace hora {
 
+class RingSchedule;
+
 class RingAllreduce {
  public:
   explicit RingAllreduce(int64_t piece_bytes = 1 << 20) : piece_bytes_(piece_bytes) {}
@@ -28,8 +30,21 @@ class RingAllreduce {
   // `send == nullptr` means in place on `recv`. Half types are not accepted.
   Status Run(Communicator* comm, const void* send, void* recv, int64_t count, DataType dtype,
              ReduceOp op);
+  // The reduce-scatter half alone, in place: `buffer` holds the ranks'
+  // blocks of `counts[r]` elements end to end; afterwards this rank's block
+  // holds the reduction over ranks (the others partial sums). Half types
+  // are not accepted.
+  Status ReduceScatter(Communicator* comm, void* buffer, const std::vector<int64_t>& counts,
+                       DataType dtype, ReduceOp op);
+  // The allgather half alone, in place: `buffer` holds the ranks' blocks of
+  // `block_bytes[r]` bytes end to end, this rank's filled in; afterwards
+  // every block is.
+  Status Allgather(Communicator* comm, void* buffer, const std::vector<int64_t>& block_bytes);
 
  private:
+  Status RunSteps(Communicator* comm, const RingSchedule& ring, int first, int end, char* buffer,
+                  DataType dtype, ReduceOp op);
+
   int64_t piece_bytes_;
   std::vector<char> scratch_;
 };

@@ -234,8 +234,14 @@ char* Allocate(TensorEntry& e, int64_t bytes, const CollectivePlan& plan) {
 Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
   char* out = Allocate(e, plan.recv_total * element, plan);
-  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out,
-                           InBytes(plan.recv_counts, element));
+  const std::vector<int64_t> bytes = InBytes(plan.recv_counts, element);
+  if (router_->RingFor(plan.recv_total * element)) {
+    int64_t offset = 0;
+    for (int r = 0; r < comm_->rank(); ++r) offset += bytes[r];
+    std::memcpy(out + offset, e.input.data, e.input.NumBytes());
+    return router_->ring().Allgather(comm_, out, bytes);
+  }
+  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out, bytes);
 }
 
 Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {
@@ -259,12 +265,15 @@ Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const Colle
   const DataType wire = plan.wire;
   const int64_t element = DataTypeSize(wire);
   const int64_t total = plan.recv_total;
-  const bool staged = wire != r.dtype || plan.prescale != 1.0;
+  // The ring reduces in place, on a copy of the input.
+  const bool ring = router_->RingFor(total * element);
+  const bool staged = ring || wire != r.dtype || plan.prescale != 1.0;
   const void* send = e.input.data;
   char* recv = out;
+  char* buffer = nullptr;
   if (staged) {
     // Staging: the input (widened and pre-scaled) first, then the result.
-    char* buffer = fusion_buffer_.Get((total + mine) * element);
+    buffer = fusion_buffer_.Get((total + mine) * element);
     if (IsHalf(r.dtype)) {
       WidenToFloat(e.input.data, reinterpret_cast<float*>(buffer), total, r.dtype, plan.prescale);
     } else {
@@ -273,7 +282,15 @@ Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const Colle
     send = buffer;
     recv = buffer + total * element;
   }
-  HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, plan.recv_counts, wire, r.op));
+  if (ring) {
+    HORA_RETURN_IF_ERROR(
+        router_->ring().ReduceScatter(comm_, buffer, plan.recv_counts, wire, r.op));
+    int64_t offset = 0;
+    for (int k = 0; k < comm_->rank(); ++k) offset += plan.recv_counts[k];
+    recv = buffer + offset * element;
+  } else {
+    HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, plan.recv_counts, wire, r.op));
+  }
   if (IsHalf(r.dtype)) {
     NarrowFromFloat(reinterpret_cast<const float*>(recv), out, mine, r.dtype, plan.post_factor);
   } else if (plan.post_factor != 1.0 || recv != out) {

@@ -1,8 +1,8 @@
 """python -m hora.bench BENCHMARK: hora side by side with the alternatives in one job.
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
-latency, fusion, autotune, idle, torch-synthetic, tf-synthetic, gpu-kernels,
-gpu-allreduce, elastic, negotiation and multihost.
+latency, fusion, autotune, idle, torch-synthetic, sharding, tf-synthetic,
+gpu-kernels, gpu-allreduce, elastic, negotiation and multihost.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -11,6 +11,11 @@ Run under the launcher, e.g.:
 torch-synthetic (training images/sec with hora.torch.DistributedOptimizer, in
 the manner of Horovod's pytorch_synthetic_benchmark.py) takes its own options:
     python -m hora.bench torch-synthetic --help
+
+sharding (memory per rank, speed and the largest trainable model of the
+sharded DistributedOptimizer against replicated hora, DDP +
+ZeroRedundancyOptimizer and FSDP2) too:
+    python -m hora.bench sharding --help
 
 tf-synthetic (Keras training samples/sec with hora against TensorFlow's
 MultiWorkerMirroredStrategy, in the manner of Horovod's
@@ -296,12 +301,12 @@ def build_parser():
                                      description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
-                                                                    "tf-synthetic",
+                                                                    "sharding", "tf-synthetic",
                                                                     "gpu-kernels", "elastic",
                                                                     "negotiation", "multihost"],
-                        help="torch-synthetic, tf-synthetic, gpu-kernels, elastic, negotiation "
-                             "and multihost have options of their own: torch-synthetic --help, "
-                             "gpu-kernels --help")
+                        help="torch-synthetic, sharding, tf-synthetic, gpu-kernels, elastic, "
+                             "negotiation and multihost have options of their own: "
+                             "torch-synthetic --help, gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
                              "horovod (default: mpi; '' for none). Horovod runs in a phase of its "
@@ -344,6 +349,9 @@ def main(argv=None):
     if argv and argv[0] == "torch-synthetic":
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
+    if argv and argv[0] == "sharding":
+        from hora.bench import sharding  # needs torch
+        return sharding.main(argv[1:])
     if argv and argv[0] == "tf-synthetic":
         from hora.bench import tf_synthetic  # needs TensorFlow
         return tf_synthetic.main(argv[1:])

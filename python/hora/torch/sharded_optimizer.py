@@ -34,6 +34,7 @@ from hora.common._adapter.handles import Handle, poll, synchronize
 from hora.common.exceptions import HoraError
 from hora.common.shard_layout import ShardLayout
 from hora.common.basics import Max, Sum
+from hora.torch import _memory
 from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
     start_allgather, start_reducescatter)
@@ -179,8 +180,7 @@ class _ShardedOptimizer:
         flat = self._hora_flat.get(b)
         if flat is None:
             head = self._hora_params[self._hora_layout.buckets[b].members[0]]
-            flat = torch.empty(self._hora_layout.buckets[b].numel, dtype=head.dtype,
-                               device=head.device)
+            flat = _memory.empty(self._hora_layout.buckets[b].numel, head.dtype, head.device)
             self._hora_flat[b] = flat
         return flat
 
