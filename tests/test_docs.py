@@ -152,6 +152,8 @@ def command_lines():
     try:
         from hora.bench.torch_synthetic import build_parser as torch_synthetic
         tools.append(("python -m hora.bench torch-synthetic", torch_synthetic()))
+        from hora.bench.sharding import build_parser as sharding
+        tools.append(("python -m hora.bench sharding", sharding()))
     except ImportError:  # torch is not installed
         pass
     for command, parser in list(tools):

@@ -215,3 +215,44 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
     reference = runs["ref"][0]
     for weights in runs["ref"] + runs["kill"]:
         assert all(np.array_equal(weights[k], reference[k]) for k in reference.files)
+
+
+SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
+
+
+def test_sharded_state_survives_a_world_of_another_size(job_env, tmp_path):
+    """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
+    (4 again): each new world merges the shards every rank of the last
+    commit wrote and re-cuts them, and the run ends like an uninterrupted
+    4-rank run (the same averaged gradients every step; sums of 3 ranks
+    add in another order, so not bit for bit)."""
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    script, hosts = _discovery(tmp_path, "localhost:4\n")
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--host-discovery-script", script,
+         sys.executable, SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_SHRINK": "1",
+         "HORA_TEST_STEP_SLEEP": "0.15", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert [w.split()[0] for w in worlds] == ["4", "3", "4"], output
+    assert "from epoch 0 batch 4 (launch 1)" in worlds[1], output
+    expected = torch.load(f"{reference}.rank0.pt", weights_only=False)
+    largest = 0.0
+    for r in range(4):
+        got = torch.load(f"{prefix}.rank{r}.pt", weights_only=False)
+        assert got["size"] == 4
+        for a, b in zip(got["params"], expected["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            largest = max(largest, float(((a - b).abs() / b.abs().clamp_min(1e-3)).max()))
+        for number, entry in expected["optimizer"]["state"].items():
+            for key, value in entry.items():
+                torch.testing.assert_close(got["optimizer"]["state"][number][key], value,
+                                           rtol=1e-4, atol=1e-7)
+    assert not os.listdir(tmp_path / "state"), "a finished run forgets its commit and parts"
+    print(f"largest relative difference to the uninterrupted run: {largest:.3g}")

@@ -21,3 +21,28 @@ def test_hybrid_parallel_example_matches_single_process_training():
     assert "hybrid training matches single-process training" in output, output[-5000:]
     losses = [float(x) for x in re.findall(r"step +\d+ +loss ([0-9.]+)", output)]
     assert len(losses) >= 2 and losses[-1] < losses[0], output[-5000:]
+
+
+def test_sharded_example_trains_a_model_that_does_not_fit_replicated(tmp_path):
+    """Under the example's enforced per-rank memory limit, sharding the
+    gradients and Adam's state trains (the loss falls towards the chain's
+    entropy); the same model replicated runs out of memory, with the
+    allocator's error, on every rank it hits."""
+    pytest.importorskip("torch")
+    script = str(ROOT / "examples" / "pytorch" / "sharded_transformer.py")
+    output = run_horarun(4, [script, "--steps", "20"], dict(os.environ), tmp_path)
+    assert "trained within the limit" in output, output[-5000:]
+    losses = [float(x) for x in re.findall(r"step +\d+ +loss ([0-9.]+)", output)]
+    assert losses[-1] < losses[0] / 2, output[-5000:]
+
+    import subprocess
+    import sys
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
+               + os.environ.get("PATH", ""))
+    job = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "4", sys.executable, script,
+                          "--steps", "20", "--sharding", "none"], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    replicated = job.stdout.decode(errors="replace")
+    assert job.returncode != 0, replicated[-5000:]
+    assert "can't allocate memory" in replicated or "ran out of memory" in replicated, \
+        replicated[-5000:]

@@ -123,3 +123,14 @@ def test_load_model_distributes_an_optimizer_saved_without_hora(rank, size, tmp_
         plain = keras.models.load_model(path)
         plain.fit(x, y, batch_size=4, epochs=1, verbose=0)
         assert not np.allclose(plain.get_weights()[0], loaded.get_weights()[0])
+
+
+@pytest.mark.parametrize("sharding", ["optimizer_state", "gradients", "parameters"])
+def test_sharding_is_pytorch_only_and_says_why(sharding):
+    with pytest.raises(NotImplementedError, match="PyTorch-only.*compiled apply"):
+        hk.DistributedOptimizer(keras.optimizers.SGD(0.1), sharding=sharding)
+    with pytest.raises(NotImplementedError, match="PyTorch-only"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), sharding=sharding)
+    with pytest.raises(ValueError, match="sharding must be None"):
+        hk.DistributedOptimizer(keras.optimizers.SGD(0.1), sharding="zero2")
+    hk.DistributedOptimizer(keras.optimizers.SGD(0.1), sharding=None)

@@ -5,12 +5,25 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
 namespace hora {
+
+// Thrown when host memory runs out: a std::bad_alloc that says how much
+// was asked for.
+class HostAllocationError : public std::bad_alloc {
+ public:
+  explicit HostAllocationError(int64_t bytes)
+      : message_("could not allocate " + std::to_string(bytes) + " bytes of host memory") {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
 
 // 64-byte aligned host memory so reduction loops vectorize on any slice.
 // Large buffers are aligned to 2 MiB and asked for transparent huge pages:
@@ -23,7 +36,7 @@ class OwnedBuffer {
     const size_t alignment = bytes >= kHugeBytes ? kHugeBytes : 64;
     const size_t rounded = static_cast<size_t>((bytes + alignment - 1) / alignment * alignment);
     data_ = static_cast<char*>(std::aligned_alloc(alignment, rounded == 0 ? 64 : rounded));
-    if (data_ == nullptr) throw std::bad_alloc();
+    if (data_ == nullptr) throw HostAllocationError(bytes);
 #ifdef MADV_HUGEPAGE
     if (alignment == kHugeBytes) madvise(data_, rounded, MADV_HUGEPAGE);
 #endif

@@ -2,6 +2,8 @@
 
 #include <cctype>
 #include <cstring>
+#include <new>
+#include <string>
 
 #include "hora/algo/host_kernels.h"
 
@@ -50,6 +52,23 @@ void Executor::Record(const Response* batch, size_t batch_size, const std::strin
   }
 }
 
+namespace {
+
+// Host memory that runs out inside a collective leaves this rank unable to
+// finish it while its peers wait in the transport: the collective fails as
+// a transport failure does (the engine stops, every waiting call raises
+// these words), instead of std::bad_alloc ending the process unexplained.
+template <typename Body>
+Status CatchOutOfMemory(int rank, Body&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc& error) {
+    return Status::Internal("rank " + std::to_string(rank) + " ran out of memory: " + error.what());
+  }
+}
+
+}  // namespace
+
 Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided) {
   size_t i = 0;
   while (i < responses.size()) {
@@ -80,7 +99,7 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     }
     Phases phases;
     phases.start = Timeline::Clock::now();
-    Status status = RunOne(r, entry);
+    Status status = CatchOutOfMemory(comm_->rank(), [&] { return RunOne(r, entry); });
     if (timeline_->active()) {
       phases.copied_in = phases.start;
       phases.reduced = phases.copied_out = Timeline::Clock::now();
@@ -121,11 +140,16 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
     GpuExecutor* gpu = nullptr;
     status = Gpu(any, &gpu);
     phases.copied_in = Timeline::Clock::now();
-    if (status.ok()) status = gpu->Allreduce(batch, batch_size, entries.data(), present, plan);
+    if (status.ok()) {
+      status = CatchOutOfMemory(comm_->rank(), [&] {
+        return gpu->Allreduce(batch, batch_size, entries.data(), present, plan);
+      });
+    }
     phases.reduced = Timeline::Clock::now();
   } else {
     phases.copied_in = Timeline::Clock::now();
-    status = Allreduce(batch, batch_size, entries.data(), present, plan);
+    status = CatchOutOfMemory(
+        comm_->rank(), [&] { return Allreduce(batch, batch_size, entries.data(), present, plan); });
     phases.reduced = Timeline::Clock::now();
   }
   phases.copied_out = Timeline::Clock::now();

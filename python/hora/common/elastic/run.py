@@ -56,9 +56,33 @@ def _restore_newest(state: Any, store: CommitStore) -> bool:
     snapshot = store.load()[1] if rank() == source else None
     snapshot = broadcast_object(snapshot, root_rank=source, name="hora.elastic.snapshot")
     state.load_snapshot(snapshot)
+    needed = state.parts_needed()
+    if needed:
+        state.load_parts(_gather_parts(store, newest, needed))
     state._commits = newest
     state.restore()
     return True
+
+
+def _gather_parts(store: CommitStore, commit: int, needed: int) -> list[Any]:
+    """Collective: the ``needed`` ranks' parts of commit ``commit``, each
+    read by the lowest rank that has it on its host's disk and broadcast
+    to every rank (so every rank briefly holds all of them)."""
+    from hora.common.basics import rank
+    from hora.common.ops import allgather_object, broadcast_object
+    mine = [k for k in range(needed) if store.part_commit(k) == commit]
+    everyone = allgather_object(mine, name="hora.elastic.parts")
+    parts = []
+    for k in range(needed):
+        holders = [r for r, held in enumerate(everyone) if k in held]
+        if not holders:
+            raise RuntimeError(
+                f"hora.elastic: commit {commit} was made by {needed} ranks, but the part of rank "
+                f"{k} (its shard of the sharded optimizer state) is on no surviving host; hora "
+                f"keeps no second copy of a shard, so this commit cannot be restored")
+        part = store.load_part(k) if rank() == holders[0] else None
+        parts.append(broadcast_object(part, root_rank=holders[0], name=f"hora.elastic.part.{k}"))
+    return parts
 
 
 def _leave(state: Any, job: _Job, why: str) -> None:

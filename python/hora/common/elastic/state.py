@@ -67,8 +67,12 @@ class State:
         background."""
         self.save()
         self._commits += 1
-        if self._store is not None and self._store.writer:
-            self._store.write(self._commits, self.snapshot())
+        if self._store is not None:
+            if self._store.writer:
+                self._store.write(self._commits, self.snapshot())
+            part = self.snapshot_part()
+            if part is not None:
+                self._store.write_part(self._commits, self._rank(), part)
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
@@ -108,6 +112,23 @@ class State:
         """Makes ``snapshot`` (from :meth:`snapshot`) the last committed state;
         ``restore()`` then applies it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement load_snapshot()")
+
+    def snapshot_part(self) -> Any:
+        """This rank's own part of the last committed state, for state that
+        differs between ranks (a sharded optimizer's), or None (the
+        default: the snapshot is the whole state). Every rank writes its
+        part next to the host's snapshot."""
+        return None
+
+    def parts_needed(self) -> int:
+        """After :meth:`load_snapshot`: how many ranks' parts the loaded
+        commit consists of (the size of the world that committed it), 0
+        when it has none."""
+        return 0
+
+    def load_parts(self, parts: list[Any]) -> None:
+        """After :meth:`load_snapshot`: every rank's part of that commit,
+        in the rank order of the world that committed it."""
 
 
 class ObjectState(State):

@@ -147,7 +147,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: int | None = None,
                          process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
+                         scale_local_gradients: bool = True, *,
+                         sharding: str | None = None) -> Any:
     """Returns a Keras optimizer that averages gradients over all ranks, or
     over the ranks of ``process_set``.
     ``optimizer`` is a Keras 3 optimizer, or a Keras 2 one (``tf_keras``,
@@ -171,8 +172,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     ``name`` renames the optimizer; ``device_*`` are accepted for Horovod
     compatibility. Raises ``TypeError`` for anything but a Keras optimizer
     (or a process set that is not a ``hora.ProcessSet``) and ``ValueError``
-    for bad settings (an unregistered process set among them)."""
+    for bad settings (an unregistered process set among them).
+    ``sharding`` (hora's) is accepted only as None: sharded training state
+    is PyTorch-only (``NotImplementedError`` says why; docs/sharding.md)."""
     what = "DistributedOptimizer"
+    check_keras_sharding(sharding)
     steps = check_backward_passes(backward_passes_per_step, what)
     # resolved here, so that the num_groups warning is given once, not again
     # by every optimizer built from the settings
@@ -215,6 +219,22 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
             # Keras averages the accumulated passes; Horovod sums them
             settings["extra_postscale"] = float(steps)
     return distributed_class(type(optimizer), settings).from_config(config)
+
+
+def check_keras_sharding(sharding: Any) -> None:
+    """``sharding=`` of the Keras optimizer: only None (replicated)."""
+    if sharding is None:
+        return
+    if sharding not in ("optimizer_state", "gradients", "parameters"):
+        raise ValueError(f"DistributedOptimizer: sharding must be None, 'optimizer_state', "
+                         f"'gradients' or 'parameters', got {sharding!r}")
+    raise NotImplementedError(
+        f"DistributedOptimizer(sharding={sharding!r}) is PyTorch-only (hora.torch). A Keras "
+        f"optimizer creates its state variables with the shapes of the model's variables and "
+        f"updates them inside its own compiled apply(); stepping a slice of each variable "
+        f"would mean replacing those variables with per-rank slices and gathering the "
+        f"updated variables after every apply(), which Keras offers no seam for. Use "
+        f"sharding=None (replicated), or hora.torch for sharded training")
 
 
 def PartialDistributedOptimizer(optimizer: Any, name: str | None = None,

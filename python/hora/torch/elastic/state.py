@@ -12,6 +12,7 @@ import torch
 from hora.common.elastic import ObjectState
 from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
 class _ModelState:
@@ -48,6 +49,46 @@ class _StateDictState:
 class _OptimizerState(_StateDictState):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class _ShardedOptimizerState:
+    """A sharded optimizer's state: every rank keeps its own shard (1/N of
+    the state, no communication at commit) and writes it to its host's disk
+    as its part of the commit; a new world, of any size, merges the parts
+    and each rank keeps its slice of the result."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        self.saved: dict[str, Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.sharded_state_dict())
+
+    def restore(self) -> None:
+        from hora.torch.sharded_checkpoint import FORMAT
+        if FORMAT in self.saved:
+            self.value.load_sharded_state_dict(copy.deepcopy(self.saved))
+        else:  # merged from a commit's parts: cut this rank's slice again
+            self.value.load_state_dict(self.saved)
+            self.value._hora_loaded = None
+            self.save()
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+    def snapshot(self) -> Any:
+        return {_PARTS: self.value._hora_layout.size}
+
+    def parts_needed(self) -> int:
+        return int(self.saved.get(_PARTS, 0))
+
+    def load_parts(self, shards: list[Any]) -> None:
+        from hora.torch.sharded_checkpoint import consolidate_sharded_state_dicts
+        self.saved = consolidate_sharded_state_dicts(shards)
+
+
+_PARTS = "hora-sharded-parts"
 
 
 class _SamplerState(_StateDictState):
@@ -108,6 +149,8 @@ def _from_host(value: Any) -> Any:
 def _handler(value: Any) -> Any:
     if isinstance(value, torch.nn.Module):
         return _ModelState(value)
+    if isinstance(value, _ShardedOptimizer) and value._hora_member:
+        return _ShardedOptimizerState(value)
     if isinstance(value, torch.optim.Optimizer):
         return _OptimizerState(value)
     if isinstance(value, ElasticSampler):
@@ -154,7 +197,8 @@ class TorchState(ObjectState):
 
     def snapshot(self) -> Any:
         return {"objects": self._saved_state,
-                "handlers": {name: _to_host(h.saved) for name, h in self._handlers.items()}}
+                "handlers": {name: h.snapshot() if isinstance(h, _ShardedOptimizerState)
+                             else _to_host(h.saved) for name, h in self._handlers.items()}}
 
     def load_snapshot(self, snapshot: Any) -> None:
         super().load_snapshot(snapshot)
@@ -163,3 +207,18 @@ class TorchState(ObjectState):
                 raise ValueError(f"TorchState: the committed state has {name!r}, which this "
                                  f"state does not (was it created with other arguments?)")
             self._handlers[name].saved = _from_host(saved)
+
+    def _sharded(self) -> dict[str, _ShardedOptimizerState]:
+        return {name: h for name, h in self._handlers.items()
+                if isinstance(h, _ShardedOptimizerState)}
+
+    def snapshot_part(self) -> Any:
+        sharded = self._sharded()
+        return {name: _to_host(h.saved) for name, h in sharded.items()} if sharded else None
+
+    def parts_needed(self) -> int:
+        return max((h.parts_needed() for h in self._sharded().values()), default=0)
+
+    def load_parts(self, parts: list[Any]) -> None:
+        for name, handler in self._sharded().items():
+            handler.load_parts([_from_host(part[name]) for part in parts])

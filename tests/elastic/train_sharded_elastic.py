@@ -1,0 +1,84 @@
+"""An elastic run of the sharded optimizer (sharding="gradients", Adam)
+whose world changes size: every batch is a global batch of 12 samples made
+from (epoch, batch) alone and split evenly among the ranks (12 divides by
+1, 2, 3 and 4), so every world size computes the same averaged gradients
+and the run ends like an uninterrupted one, up to the order of sums.
+
+HORA_TEST_STEP_SLEEP slows every step down by that many seconds (so that
+horarun's discovery, polled every second, sees the hosts change before the
+run ends). HORA_TEST_HOSTS names the discovery script's host file. On launch 0 the
+last rank writes "localhost:<size - 1>" into it and SIGKILLs itself before
+epoch 0 batch 5 (HORA_TEST_SHRINK=1); on the launch after, rank 0 writes
+"localhost:<size + 1>" before epoch 1 batch 2, and the world grows back at
+the next commit. At the end every rank saves its parameters and the full
+optimizer state to HORA_TEST_OUT.rank<N>.pt.
+"""
+
+import os
+import signal
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hora.torch as hvd
+
+EPOCHS, BATCHES, COMMIT_EVERY, GLOBAL_BATCH = 3, 8, 2, 12
+
+hvd.init()
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = torch.nn.Sequential(torch.nn.Linear(8, 33), torch.nn.Tanh(), torch.nn.Linear(33, 3))
+optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters(),
+                                     sharding="gradients")
+state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)
+launch = int(os.environ.get("HORA_ELASTIC_RESTARTS", "0"))
+hosts = os.environ.get("HORA_TEST_HOSTS")
+shrink = os.environ.get("HORA_TEST_SHRINK") == "1"
+step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
+
+
+def change_world():
+    if not (shrink and hosts):
+        return
+    if launch == 0 and (state.epoch, state.batch) == (0, 5) and hvd.rank() == hvd.size() - 1:
+        with open(hosts, "w") as f:
+            f.write(f"localhost:{hvd.size() - 1}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    if launch == 1 and (state.epoch, state.batch) == (1, 2) and hvd.rank() == 0:
+        with open(hosts, "w") as f:
+            f.write(f"localhost:{hvd.size() + 1}\n")
+
+
+@hvd.elastic.run
+def train(state):
+    if hvd.rank() == 0:
+        print(f"sharded world of {hvd.size()} from epoch {state.epoch} batch {state.batch} "
+              f"(launch {launch})", flush=True)
+    while state.epoch < EPOCHS:
+        while state.batch < BATCHES:
+            change_world()
+            time.sleep(step_sleep)
+            generator = torch.Generator().manual_seed(state.epoch * 1000 + state.batch)
+            x = torch.randn(GLOBAL_BATCH, 8, generator=generator)
+            y = torch.stack([x.sum(1), x[:, 0] * x[:, 1], x.abs().max(1).values], dim=1)
+            share = GLOBAL_BATCH // hvd.size()
+            mine = slice(hvd.rank() * share, (hvd.rank() + 1) * share)
+            optimizer.zero_grad()
+            F.mse_loss(model(x[mine]), y[mine]).backward()
+            optimizer.step()
+            state.batch += 1
+            if state.batch % COMMIT_EVERY == 0:
+                state.commit()
+        state.batch = 0
+        state.epoch += 1
+        state.commit()
+
+
+train(state)
+full = optimizer.state_dict()
+out = os.environ.get("HORA_TEST_OUT")
+if out:
+    torch.save({"params": [p.detach().clone() for p in model.parameters()], "size": hvd.size(),
+                "optimizer": full}, f"{out}.rank{hvd.rank()}.pt")
