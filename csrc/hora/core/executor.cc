@@ -227,6 +227,9 @@ Status Executor::RunOne(const Response& r, TensorEntry& e) {
   if (r.kind == CollectiveKind::kBarrier) return Status::OK();  // negotiation was the barrier
   const CollectivePlan plan = PlanCollective(r, e.input.shape, comm_->rank(), comm_->size());
   if (r.on_gpu) {
+    if (r.kind == CollectiveKind::kReducescatter && e.output == e.input.data) {
+      return Status::InvalidArgument("an in-place reducescatter runs on host memory only");
+    }
     GpuExecutor* gpu = nullptr;
     HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
     return gpu->Run(r, e, plan);
@@ -285,13 +288,27 @@ Status Executor::RunAlltoall(TensorEntry& e, const CollectivePlan& plan) {
 
 Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const CollectivePlan& plan) {
   const int64_t mine = plan.recv_counts[comm_->rank()];
-  char* out = Allocate(e, mine * DataTypeSize(r.dtype), plan);
+  int64_t offset = 0;  // of this rank's block, in elements
+  for (int k = 0; k < comm_->rank(); ++k) offset += plan.recv_counts[k];
+  // In place, this rank's block of the input receives the result (the rest
+  // of the input is left with partial sums): no result buffer, and the ring
+  // reduces the caller's buffer itself.
+  const bool in_place = e.output == e.input.data;
+  char* out;
+  if (in_place) {
+    out = static_cast<char*>(e.output) + offset * DataTypeSize(r.dtype);
+    e.work->output_shape = plan.output_shape;
+  } else {
+    out = Allocate(e, mine * DataTypeSize(r.dtype), plan);
+  }
   const DataType wire = plan.wire;
   const int64_t element = DataTypeSize(wire);
   const int64_t total = plan.recv_total;
-  // The ring reduces in place, on a copy of the input.
   const bool ring = router_->RingFor(total * element);
-  const bool staged = ring || wire != r.dtype || plan.prescale != 1.0;
+  const bool widened = wire != r.dtype || plan.prescale != 1.0;
+  // The ring reduces in place, on a copy of the input unless it may write
+  // the input itself.
+  const bool staged = widened || (ring && !in_place);
   const void* send = e.input.data;
   char* recv = out;
   char* buffer = nullptr;
@@ -305,13 +322,15 @@ Status Executor::RunReducescatter(const Response& r, TensorEntry& e, const Colle
     }
     send = buffer;
     recv = buffer + total * element;
+  } else if (in_place && !ring) {
+    // MPI's reduce-scatter writes elsewhere than it reads
+    recv = fusion_buffer_.Get(mine * element);
   }
   if (ring) {
+    char* reduced = staged ? buffer : static_cast<char*>(e.output);
     HORA_RETURN_IF_ERROR(
-        router_->ring().ReduceScatter(comm_, buffer, plan.recv_counts, wire, r.op));
-    int64_t offset = 0;
-    for (int k = 0; k < comm_->rank(); ++k) offset += plan.recv_counts[k];
-    recv = buffer + offset * element;
+        router_->ring().ReduceScatter(comm_, reduced, plan.recv_counts, wire, r.op));
+    recv = reduced + offset * element;
   } else {
     HORA_RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, plan.recv_counts, wire, r.op));
   }

@@ -279,6 +279,15 @@ def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False, 
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
+def start_reducescatter_in_place(tensor, name, op, prescale, postscale, process_set=0):
+    """A reducescatter of a contiguous host tensor that writes this rank's
+    block of the result over that block of ``tensor`` (the rest is left
+    with partial sums): no result buffer, and the ring reduces ``tensor``
+    itself. Returns the works; the caller knows where its block lies."""
+    return submit(KIND_REDUCESCATTER, [name], [tensor], [tensor], op=op, prescale=prescale,
+                  postscale=postscale, process_set=process_set)
+
+
 def start_alltoall(tensor, splits, name, process_set=0):
     x = as_input(tensor)
     works = submit(KIND_ALLTOALL, [name], [x], splits=splits, process_set=process_set)

@@ -37,7 +37,7 @@ from hora.common.basics import Max, Sum
 from hora.torch import _memory
 from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
-    start_allgather, start_reducescatter)
+    start_allgather, start_reducescatter, start_reducescatter_in_place)
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 
@@ -217,9 +217,17 @@ class _ShardedOptimizer:
         if self._hora_stage >= 2:
             name = f"{name}.pass{self._hora_launches[b]}"
         self._hora_launches[b] += 1
-        works, finish = start_reducescatter([wire], [name], self._hora_op, self._hora_prescale,
-                                            self._hora_postscale, process_set=self._hora_set)
-        handle = Handle(works, lambda ws: finish(ws)[0])
+        if wire.is_cpu and wire.is_contiguous():
+            # reduced where it lies: this rank's block of the buffer
+            works = start_reducescatter_in_place(wire, name, self._hora_op, self._hora_prescale,
+                                                 self._hora_postscale, process_set=self._hora_set)
+            start, stop = self._hora_layout.bounds(b, self._hora_rank)
+            handle = Handle(works, lambda ws, wire=wire: wire[start:stop])
+        else:
+            works, finish = start_reducescatter([wire], [name], self._hora_op,
+                                                self._hora_prescale, self._hora_postscale,
+                                                process_set=self._hora_set)
+            handle = Handle(works, lambda ws: finish(ws)[0])
         self._hora_in_flight.append((b, handle, wire, context))
         while self._hora_in_flight and (len(self._hora_in_flight) > _MAX_BUCKETS_IN_FLIGHT
                                         or poll(self._hora_in_flight[0][1])):
