@@ -189,7 +189,11 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
   }
   entry.request = std::move(r);
   entry.input = in;
+  if (in_place && r.kind == CollectiveKind::kReducescatter && in.device >= 0) {
+    ThrowValueError(DescribeRequest(r) + ": an in-place reducescatter runs on host memory only");
+  }
   entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
+  if (w->output) entry.output_bytes = w->output->view().NumBytes();
   entry.work = std::make_shared<Work>();
   w->work = entry.work;
   return entry;

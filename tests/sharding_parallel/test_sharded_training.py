@@ -331,3 +331,49 @@ def test_buckets_large_enough_for_the_ring(sharding, compression, rank, size):
             optimizer.zero_grad()
         return parameters(model)
     assert_same(run(sharding), run(None), exact=exact_reduction(size))
+
+
+@pytest.mark.parametrize("sharding", STAGES)
+def test_parameters_given_new_memory_between_steps(sharding, size):
+    """The sharded optimizer makes a bucket's parameters views of one flat
+    buffer; parameters given new memory (``p.data = ...``) are flattened
+    again, their optimizer state kept."""
+    model, optimizer = make()
+    train(model, optimizer, steps=4)
+    expected = parameters(model)
+    model, optimizer = make(sharding=sharding)
+    train(model, optimizer, steps=2)
+    for p in model.parameters():
+        p.data = p.data.clone()
+    train(model, optimizer, steps=2, first_step=2)
+    assert_same(parameters(model), expected, exact=exact_reduction(size))
+
+
+@pytest.mark.parametrize("count", [5, 40000])
+def test_allgather_into_a_given_output(count, rank, size):
+    """The allgather the sharded optimizer gathers parameters with: straight
+    into the caller's buffer (MPI's below 64 KiB, the ring above), the
+    rank's own rows possibly a view of it; an output of the wrong size fails
+    that rank's call alone, and the job goes on."""
+    from hora.common._adapter.handles import Handle, synchronize
+    from hora.torch._collectives import start_allgather_into
+    rows = [count + r for r in range(size)]
+    begin = sum(rows[:rank])
+    output = torch.full((sum(rows),), -1.0)
+    output[begin:begin + rows[rank]] = torch.arange(rows[rank], dtype=torch.float32) + rank
+    works = start_allgather_into(output[begin:begin + rows[rank]], output, "sharding.into")
+    synchronize(Handle(works, lambda ws: None))
+    expected = torch.cat([torch.arange(n, dtype=torch.float32) + r for r, n in enumerate(rows)])
+    assert torch.equal(output, expected)
+    mine = torch.arange(rows[rank], dtype=torch.float32)
+    wrong = torch.empty(sum(rows) + (1 if rank == 0 else 0))
+    works = start_allgather_into(mine, wrong, "sharding.into.wrong")
+    if rank == 0:
+        with pytest.raises(ValueError, match="the output holds .* bytes but the rows every rank "
+                                             "gathers hold"):
+            synchronize(Handle(works, lambda ws: None))
+    else:
+        synchronize(Handle(works, lambda ws: None))
+        assert torch.equal(wrong, torch.cat([torch.arange(n, dtype=torch.float32)
+                                             for n in rows]))
+    hvd.barrier()

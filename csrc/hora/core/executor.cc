@@ -112,6 +112,13 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     }
     if (!status.ok()) {
       status = status.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'");
+    } else if (!local_error_.ok()) {
+      // this rank's call alone failed; the collective itself went through
+      entry.work->Complete(
+          local_error_.WithContext(std::string(CollectiveKindName(r.kind)) + " '" + r.name + "'"));
+      local_error_ = Status::OK();
+      ++i;
+      continue;
     }
     entry.work->Complete(status);
     HORA_RETURN_IF_ERROR(status);
@@ -227,9 +234,6 @@ Status Executor::RunOne(const Response& r, TensorEntry& e) {
   if (r.kind == CollectiveKind::kBarrier) return Status::OK();  // negotiation was the barrier
   const CollectivePlan plan = PlanCollective(r, e.input.shape, comm_->rank(), comm_->size());
   if (r.on_gpu) {
-    if (r.kind == CollectiveKind::kReducescatter && e.output == e.input.data) {
-      return Status::InvalidArgument("an in-place reducescatter runs on host memory only");
-    }
     GpuExecutor* gpu = nullptr;
     HORA_RETURN_IF_ERROR(Gpu(&e, &gpu));
     return gpu->Run(r, e, plan);
@@ -260,15 +264,40 @@ char* Allocate(TensorEntry& e, int64_t bytes, const CollectivePlan& plan) {
 
 Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
   const int64_t element = DataTypeSize(e.input.dtype);
-  char* out = Allocate(e, plan.recv_total * element, plan);
+  const int64_t needed = plan.recv_total * element;
+  // Into the caller's output when it has the gathered size; a wrong size is
+  // known only now, on this rank alone, so the rank still takes part
+  // (through a buffer of its own) and only its own call fails.
+  char* out;
+  if (e.output != nullptr && e.output_bytes == needed) {
+    out = static_cast<char*>(e.output);
+    e.work->output_shape = plan.output_shape;
+  } else {
+    if (e.output != nullptr) {
+      local_error_ = Status::InvalidArgument("the output holds " + std::to_string(e.output_bytes) +
+                                             " bytes but the rows every " + "rank gathers hold " +
+                                             std::to_string(needed) + " bytes (shape " +
+                                             ShapeString(plan.output_shape) + ")");
+    }
+    out = Allocate(e, needed, plan);
+  }
   const std::vector<int64_t> bytes = InBytes(plan.recv_counts, element);
-  if (router_->RingFor(plan.recv_total * element)) {
+  if (router_->RingFor(needed)) {
     int64_t offset = 0;
     for (int r = 0; r < comm_->rank(); ++r) offset += bytes[r];
-    std::memcpy(out + offset, e.input.data, e.input.NumBytes());
+    if (out + offset != e.input.data) std::memcpy(out + offset, e.input.data, e.input.NumBytes());
     return router_->ring().Allgather(comm_, out, bytes);
   }
-  return comm_->Allgatherv(e.input.data, e.input.NumBytes(), out, bytes);
+  const void* send = e.input.data;
+  const char* in = static_cast<const char*>(send);
+  if (in >= out && in < out + needed) {
+    // MPI reads and writes distinct buffers: the caller's own rows may lie
+    // in its output already
+    char* copy = fusion_buffer_.Get(e.input.NumBytes());
+    std::memcpy(copy, send, e.input.NumBytes());
+    send = copy;
+  }
+  return comm_->Allgatherv(send, e.input.NumBytes(), out, bytes);
 }
 
 Status Executor::RunBroadcast(const Response& r, TensorEntry& e) {

@@ -93,6 +93,10 @@ class Executor : private CollectivePath {
   Timeline* timeline_;
   int64_t allreduced_bytes_ = 0;
   ProcessSetHandler process_sets_;
+  // Set by a collective that went through but failed this rank's own call
+  // (an allgather output of the wrong size): the Work fails, the engine
+  // goes on.
+  Status local_error_;
 };
 
 }  // namespace hora

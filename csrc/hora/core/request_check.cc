@@ -30,7 +30,17 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
       return Invalid(
           r, "the output is in " + Where(out->device) + " but the input is in " + Where(in.device));
     }
-    if (out->dtype != in.dtype || out->shape != in.shape) {
+    if (r.kind == CollectiveKind::kAllgather) {
+      // the gathered rows of every rank: its size is checked once the
+      // other ranks' rows are known
+      if (out->dtype != in.dtype) {
+        return Invalid(r, std::string("output has ") + DataTypeName(out->dtype) +
+                              " but input has " + DataTypeName(in.dtype));
+      }
+      if (in.device >= 0) {
+        return Invalid(r, "an allgather into a given output runs on host memory only");
+      }
+    } else if (out->dtype != in.dtype || out->shape != in.shape) {
       return Invalid(r, std::string("output has ") + DataTypeName(out->dtype) + " " +
                             ShapeString(out->shape) + " but input has " + DataTypeName(in.dtype) +
                             " " + ShapeString(in.shape));

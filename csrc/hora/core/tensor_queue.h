@@ -22,7 +22,10 @@ struct TensorEntry {
   // Moved to the engine's negotiation when the entry is queued.
   Request request;
   TensorView input;
-  void* output = nullptr;  // allreduce / broadcast destination; may equal input.data
+  // allreduce / broadcast destination (may equal input.data); an
+  // allgather's caller-given destination of `output_bytes`
+  void* output = nullptr;
+  int64_t output_bytes = 0;
   std::shared_ptr<Work> work;
   // GPU tensors: the caller's CUDA stream, and an event recorded on it at
   // submission (the engine's kernels start after it; its owner returns it to

@@ -279,6 +279,13 @@ def start_reducescatter(tensors, names, op, prescale, postscale, grouped=False, 
     return works, lambda ws: [owned_result(w, d) for w, d in zip(ws, dtypes)]
 
 
+def start_allgather_into(tensor, output, name, process_set=0):
+    """An allgather of a contiguous host tensor straight into ``output``, a
+    contiguous host tensor of the gathered size (``tensor`` may be this
+    rank's rows of it already). Returns the works."""
+    return submit(KIND_ALLGATHER, [name], [tensor], [output], process_set=process_set)
+
+
 def start_reducescatter_in_place(tensor, name, op, prescale, postscale, process_set=0):
     """A reducescatter of a contiguous host tensor that writes this rank's
     block of the result over that block of ``tensor`` (the rest is left

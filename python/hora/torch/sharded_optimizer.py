@@ -37,7 +37,7 @@ from hora.common.basics import Max, Sum
 from hora.torch import _memory
 from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
-    start_allgather, start_reducescatter, start_reducescatter_in_place)
+    start_allgather, start_allgather_into, start_reducescatter, start_reducescatter_in_place)
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 
@@ -85,7 +85,10 @@ class _ShardedOptimizer:
         # .grad are views into it.
         self._hora_grad_shards = []
         self._hora_pieces = {}   # parameter -> _hora_make_piece(its piece)
+        self._hora_flat_params = {}  # bucket -> the flat buffer its parameters are views of
         if self._hora_member:    # outside the set every step is a local one
+            for b in range(len(layout.buckets)):
+                self._hora_flatten(b)
             for b, bucket in enumerate(layout.buckets):
                 head = params[bucket.members[0]]
                 self._hora_grad_shards.append(torch.zeros(
@@ -115,6 +118,34 @@ class _ShardedOptimizer:
 
             for p in params:
                 self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _hora_flatten(self, b):
+        """Makes the parameters of bucket ``b`` views of one flat host buffer,
+        so that the updated pieces are allgathered straight into the
+        parameters. Buckets on a GPU, or with a parameter that is not
+        contiguous (channels_last), keep their parameters as they are."""
+        bucket = self._hora_layout.buckets[b]
+        members = [self._hora_params[position] for position in bucket.members]
+        if not all(p.is_cpu and p.is_contiguous() for p in members):
+            self._hora_flat_params.pop(b, None)
+            return
+        flat = _memory.empty(bucket.numel, members[0].dtype, members[0].device)
+        with torch.no_grad():
+            for p, offset in zip(members, bucket.offsets):
+                view = flat[offset:offset + p.numel()].view(p.shape)
+                view.copy_(p)
+                p.data = view
+        self._hora_flat_params[b] = flat
+
+    def _hora_check_flat(self):
+        """Flattens again a bucket whose parameters no longer view its
+        buffer (``p.data = ...``, ``load_state_dict(assign=True)``)."""
+        for b, flat in list(self._hora_flat_params.items()):
+            bucket = self._hora_layout.buckets[b]
+            base, size = flat.data_ptr(), flat.element_size()
+            if any(self._hora_params[position].data_ptr() != base + offset * size
+                   for position, offset in zip(bucket.members, bucket.offsets)):
+                self._hora_flatten(b)
 
     def _hora_make_piece(self, piece):
         """(layout piece, the tensor the wrapped optimizer steps, the
@@ -416,6 +447,7 @@ class _ShardedOptimizer:
         self._hora_synchronized = False
         self._hora_clipped = False
         self._hora_loaded = None
+        self._hora_check_flat()
         self._hora_refresh_pieces()
         with self._hora_pieces_as_params():
             result = super().step()
@@ -443,6 +475,15 @@ class _ShardedOptimizer:
         started = collections.deque()
 
         def start(b):
+            name = f"allgather.{self._hora_bucket_names[b]}"
+            flat = self._hora_flat_params.get(b)
+            if flat is not None:
+                # this rank's rows already lie in the buffer the parameters view
+                begin, end = layout.bounds(b, self._hora_rank)
+                works = start_allgather_into(flat[begin:end], flat, name,
+                                             process_set=self._hora_set)
+                started.append((b, Handle(works, lambda ws: None)))
+                return
             pieces = [self._hora_pieces[self._hora_params[piece.param]][1]
                       for piece in layout.pieces(self._hora_rank, b)]
             if len(pieces) == 1:
@@ -470,6 +511,8 @@ class _ShardedOptimizer:
                     with contextlib.suppress(HoraError):
                         synchronize(other)
                 raise self._hora_name_bucket(error, b) from None
+            if flat is None:
+                continue  # gathered in place
             bucket = layout.buckets[b]
             with torch.no_grad():
                 for position, offset in zip(bucket.members, bucket.offsets):
