@@ -42,7 +42,8 @@ from hora.torch._collectives import (
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 from hora.torch.sharded_optimizer import (
-    _ShardedOptimizer, check_elementwise, check_replicas, check_same_parameters, check_sharding)
+    SHARDED_BUCKET_BYTES, _ShardedOptimizer, check_elementwise, check_replicas,
+    check_same_parameters, check_sharding)
 
 _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
@@ -448,7 +449,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             allreduce started when its last gradient is ready. Default:
             ``HORA_GRADIENT_BUCKET_BYTES`` (25 MiB). 0 reduces each gradient
             on its own under ``allreduce.<parameter name>``, as Horovod
-            does. The averaged gradients are the same either way.
+            does. The averaged gradients are the same either way. With
+            ``sharding`` the default is at most 4 MiB: every bucket in
+            flight is memory on top of the shards.
         sharding: (hora's, keyword only) None (default): every rank holds
             the whole training state, as in Horovod. ``"optimizer_state"``
             (ZeRO stage 1): each rank keeps the optimizer state of 1/N of
@@ -525,6 +528,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                 params.append(p)
     if bucket_bytes is None:
         bucket_bytes = _C.gradient_bucket_bytes()
+        if stage:
+            # what a bucket in flight costs on top of the shards
+            bucket_bytes = min(bucket_bytes, SHARDED_BUCKET_BYTES)
     elif isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
         raise ValueError(f"DistributedOptimizer: bucket_bytes must be an int >= 0, got "
                          f"{bucket_bytes!r}")
