@@ -141,6 +141,8 @@ step bench-torch-synthetic 120 "$python" -m hora.bench torch-synthetic --cuda --
 step bench-torch-transformer 90 "$python" -m hora.bench torch-synthetic --cuda --model transformer \
   --batch-size 128 --compare ddp --num-warmup-batches 5 --num-iters 8 \
   --json "$out/torch_transformer.json"
+step bench-sharding-cpu 120 horarun -np 2 "$python" -m hora.bench sharding --measure throughput \
+  --compare ddp_zero,fsdp2 --num-iters 5 --json "$out/sharding.json"
 step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
   --junitxml="$out/junit_ranks.xml"
 step digits-1rank 60 digits 1
