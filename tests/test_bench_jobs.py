@@ -131,3 +131,29 @@ def test_a_failed_measurement_still_stops_what_started():
         with implementations.started([FakeImpl("gloo", False, log)]):
             raise ValueError("a collective failed")
     assert log[-1] == "stop gloo"
+
+
+def test_sharding_benchmark_measures_memory_speed_and_the_largest_model(tmp_path):
+    """python -m hora.bench sharding at 2 ranks with a small transformer:
+    every variant's state, gradients and peak memory, its samples/sec, the
+    weights it ends with, and the largest model within a limit."""
+    pytest.importorskip("torch")
+    result, output = run_bench(2, ["sharding", "--measure", "memory,throughput,largest",
+                                   "--compare", "ddp_zero,fsdp2", "--width", "64",
+                                   "--layers", "2", "--vocabulary", "512", "--sequence", "16",
+                                   "--num-iters", "2", "--num-batches-per-iter", "2",
+                                   "--num-warmup-batches", "1", "--limit-mib", "24",
+                                   "--max-layers", "8"], tmp_path)
+    memory = result["memory"]
+    assert set(memory) == {"hora", "hora_zero1", "hora_zero2", "ddp_zero", "fsdp2"}, output
+    for name in ("hora_zero1", "hora_zero2", "fsdp2"):
+        assert memory[name]["ratio_to_replicated"]["state_bytes"] == pytest.approx(0.5, abs=0.05)
+    assert memory["hora_zero2"]["ratio_to_replicated"]["gradient_bytes"] == pytest.approx(
+        0.5, abs=0.05)
+    assert set(result["variants"]) >= {"hora", "compute_only", "hora_zero1", "hora_zero2",
+                                       "ddp_zero", "fsdp2"}, output
+    # two ranks add in one order only: every variant ends with hora's weights
+    for name, agreement in result["weight_difference_to_hora"].items():
+        assert agreement["largest"] == 0.0, (name, output)
+    largest = result["largest"]
+    assert largest["hora_zero2"]["layers"] >= largest["hora"]["layers"] >= 1, output

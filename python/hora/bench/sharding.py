@@ -224,13 +224,17 @@ def run_throughput(args, setup, comm, log):
 
 
 def weight_agreement(made, comm):
-    """The largest difference of any weight between hora replicated and each
-    other synchronized variant after the same batches (same data, seeds and
-    steps), on any rank."""
+    """How far each other synchronized variant's weights are from hora
+    replicated's after the same batches (same data, seeds and steps), on
+    any rank: the largest difference of any weight, and the norm of the
+    differences relative to the norm of the weights."""
     weights = {name: variant.flat_weights() for name, variant in made if variant.synchronized}
     reference = weights["hora"]
-    return {name: comm.allreduce(float(np.abs(w - reference).max()) if w.size else 0.0,
-                                 op=MPI.MAX)
+    scale = float(np.linalg.norm(reference)) or 1.0
+    return {name: {"largest": comm.allreduce(float(np.abs(w - reference).max()) if w.size
+                                             else 0.0, op=MPI.MAX),
+                   "relative_norm": comm.allreduce(float(np.linalg.norm(w - reference)) / scale,
+                                                   op=MPI.MAX)}
             for name, w in weights.items() if name != "hora"}
 
 
@@ -311,8 +315,9 @@ def run(args):
                 synthetic.report(results, everyone, alone, spreads, PAIRS, unit="samples/sec")
                 results["weight_difference_to_hora"] = agreement
                 for name, value in agreement.items():
-                    print(f"Largest weight difference to hora replicated after training, "
-                          f"{name}: {value:.3g}")
+                    print(f"Weights against hora replicated after training, {name}: largest "
+                          f"difference {value['largest']:.3g}, relative to the norm "
+                          f"{value['relative_norm']:.3g}")
         if "memory" in args.measure or "largest" in args.measure:
             return_freed_memory_at_once()
         if "memory" in args.measure:

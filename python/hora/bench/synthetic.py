@@ -22,7 +22,8 @@ from mpi4py import MPI
 
 COLORS = {"hora": "tab:blue", "hora_per_gradient": "tab:cyan", "hora_tape": "tab:cyan",
           "ddp": "tab:orange", "mwms": "tab:orange", "horovod": "tab:red",
-          "compute_only": "tab:gray"}
+          "compute_only": "tab:gray", "hora_zero1": "tab:olive", "hora_zero2": "tab:green",
+          "ddp_zero": "tab:orange", "fsdp2": "tab:brown"}
 
 
 def add_model_options(parser, models):
