@@ -15,7 +15,7 @@ import os
 import torch
 
 import hora.torch as hvd
-from hora.bench import small_transformer, train_models
+from hora.bench import small_transformer, train_models, train_variants
 from hora.bench.implementations import _free_port
 
 
@@ -42,25 +42,10 @@ class Setup:
         return sum(v.numel() for v in self.initial_state.values())
 
 
-class Variant:
-    name = ""
-    label = ""
-    reason = None
-    background = False
-    synchronized = True
-
-    def __init__(self, setup):
-        self.setup = setup
-
-    def start(self):
-        pass
-
-    def stop(self):
-        pass
-
-    def run(self, batches):
-        for _ in range(batches):
-            self.step()
+class Variant(train_variants.Variant):
+    """One way of training the transformer (see
+    :class:`hora.bench.train_variants.Variant`), with its own model and
+    optimizer, and what it holds on this rank."""
 
     def step(self):
         self.optimizer.zero_grad()
@@ -75,13 +60,11 @@ class Variant:
         model.load_state_dict(self.setup.initial_state)
         return model
 
-    def parameters_for_weights(self):
-        return list(self.model.parameters())
-
     def flat_weights(self):
+        # FSDP2's parameters are DTensors: their full values, gathered
         with torch.no_grad():
             return torch.cat([_full(p).reshape(-1).double()
-                              for p in self.parameters_for_weights()]).numpy()
+                              for p in self.model.parameters()]).numpy()
 
     def state_bytes(self):
         """Bytes of per-element optimizer state on this rank (Adam's moments)."""

@@ -89,6 +89,9 @@ class ShardLayout:
             raise ValueError(f"parameters {missing[:10]} are in no bucket")
         self.buckets = tuple(buckets)
         self.bucket_of = {p: b for b, bucket in enumerate(buckets) for p in bucket.members}
+        # where each parameter starts in its bucket's flat buffer
+        self.offset_of = {p: offset for bucket in buckets
+                          for p, offset in zip(bucket.members, bucket.offsets)}
 
     def bounds(self, bucket: int, rank: int) -> tuple[int, int]:
         """``[start, stop)`` of ``rank``'s shard in the flat ``bucket``."""
@@ -118,8 +121,7 @@ class ShardLayout:
         """``(rank, start, stop)`` of every rank owning part of parameter
         ``param``, in rank order; the ranges cover the parameter."""
         b = self.bucket_of[param]
-        entry = self.buckets[b]
-        offset = entry.offsets[entry.members.index(param)]
+        offset = self.offset_of[param]
         owners = []
         for rank in range(self.size):
             start, stop = self.bounds(b, rank)

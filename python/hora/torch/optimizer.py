@@ -21,7 +21,6 @@ reduced and ``step()`` applies the rank's own gradients, as in Horovod.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,6 +34,7 @@ from hora.common.gradient_policy import (
     GradientPolicy, bucket_units, check_backward_passes, gradient_policy, group_units)
 from hora._loader import _C
 from hora.torch import mpi_ops
+from hora.torch._hooks import gradient_ready_hook
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 from hora.torch._collectives import (
@@ -89,13 +89,7 @@ class _DistributedOptimizer:
         index = len(self._hora_units)
         self._hora_units.append(list(params))
         self._hora_unit_names.append(unit_name)
-        this = weakref.ref(self)
-
-        def hook(param):
-            optimizer = this()
-            if optimizer is not None:
-                optimizer._hora_on_grad(param)
-
+        hook = gradient_ready_hook(self)
         for p in params:
             self._hora_unit_of[p] = index
             self._hora_delay[p] = self.backward_passes_per_step

@@ -6,13 +6,15 @@ parameters are packed into the replicated optimizer's ready-order buckets
 and each bucket is cut among the ranks (:mod:`hora.common.shard_layout`):
 
 - as backward produces a bucket's gradients, they are copied into one flat
-  buffer, and that buffer is reduce-scattered (one tensor to the core), so
-  each rank receives only its shard of the reduced bucket, while backward
-  goes on;
+  buffer, and that buffer is reduce-scattered while backward goes on (on
+  host memory in place, so each rank's shard of the reduced bucket ends up
+  in its part of the buffer);
 - ``step()`` runs the wrapped optimizer on this rank's pieces only: 1-D
-  views into the parameters (the optimizer's state is therefore 1/N of
-  replicated), whose gradients are views into the reduced shards;
-- the updated pieces are then allgathered into every rank's parameters.
+  views of the parameters (the optimizer's state is therefore 1/N of
+  replicated), whose gradients are views of the reduced shards;
+- the updated pieces are then allgathered into every rank's parameters
+  (on host memory a bucket's parameters are views of one flat buffer, which
+  the allgather fills around this rank's part).
 
 Stage 1 (``"optimizer_state"``) leaves autograd's gradients in ``p.grad``
 (accumulated locally over ``backward_passes_per_step``, reduced once, as
@@ -25,26 +27,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import weakref
 from typing import Any
 
 import torch
 
 from hora.common._adapter.handles import Handle, poll, synchronize
+from hora.common.basics import Max, Sum
 from hora.common.exceptions import HoraError
 from hora.common.shard_layout import ShardLayout
-from hora.common.basics import Max, Sum
 from hora.torch import _memory
 from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
     start_allgather, start_allgather_into, start_reducescatter, start_reducescatter_in_place)
+from hora.torch._hooks import gradient_ready_hook
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 
 STAGES = {"optimizer_state": 1, "gradients": 2, "parameters": 3}
 # The largest default bucket with sharding: the buckets in flight during
 # backward are what stage 2 holds beyond its shards (4 MiB buckets put a
-# 96 M-parameter transformer at 0.436 of replicated memory at 4 ranks, 25
+# 96 M-parameter transformer at 0.435 of replicated memory at 4 ranks, 25
 # MiB ones at 0.459; the engine's cost per bucket is tens of microseconds).
 SHARDED_BUCKET_BYTES = 4 << 20
 
@@ -52,9 +54,10 @@ SHARDED_BUCKET_BYTES = 4 << 20
 # slower than backward; past this many in flight backward waits for the
 # oldest, which bounds the flat buffers alive at once.
 _MAX_BUCKETS_IN_FLIGHT = 2
-# Allgathers of updated buckets in flight at once (each result is a whole
-# bucket until it is copied into the parameters).
+# Allgathers of updated buckets in flight at once (a GPU bucket's result is
+# a whole bucket until it is copied into the parameters).
 _MAX_GATHERS_IN_FLIGHT = 2
+
 
 class _ShardedOptimizer:
     """Mixed in before the wrapped optimizer's class; never instantiated on
@@ -114,13 +117,7 @@ class _ShardedOptimizer:
         self._hora_loaded = None    # a full state dict loaded since the last step
         self._hora_hooks = []
         if self._hora_member:
-            this = weakref.ref(self)
-
-            def hook(param):
-                optimizer = this()
-                if optimizer is not None:
-                    optimizer._hora_on_grad(param)
-
+            hook = gradient_ready_hook(self)
             for p in params:
                 self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -213,7 +210,7 @@ class _ShardedOptimizer:
             # anyway: no flat copy of it exists next to it.
             self._hora_flat[b] = grad.detach().view(-1)
         else:
-            self._hora_copy_in(self._hora_flat_of(b), b, position, grad)
+            self._hora_copy_in(self._hora_flat_of(b), position, grad)
         self._hora_arrived.setdefault(b, set()).add(p)
         if self._hora_stage >= 2:
             p.grad = None
@@ -228,9 +225,8 @@ class _ShardedOptimizer:
             self._hora_flat[b] = flat
         return flat
 
-    def _hora_copy_in(self, flat, b, position, grad):
-        bucket = self._hora_layout.buckets[b]
-        offset = bucket.offsets[bucket.members.index(position)]
+    def _hora_copy_in(self, flat, position, grad):
+        offset = self._hora_layout.offset_of[position]
         target = flat[offset:offset + self._hora_layout.numels[position]]
         with torch.no_grad():
             if grad is None:
@@ -254,7 +250,7 @@ class _ShardedOptimizer:
         bucket = self._hora_layout.buckets[b]
         for position in bucket.members:
             if self._hora_params[position] not in arrived:
-                self._hora_copy_in(flat, b, position, None)
+                self._hora_copy_in(flat, position, None)
         del self._hora_flat[b]
         wire, context = self._hora_compression.compress(flat)
         name = f"reducescatter.{self._hora_bucket_names[b]}"
@@ -371,7 +367,7 @@ class _ShardedOptimizer:
                         for position in self._hora_layout.buckets[b].members:
                             p = self._hora_params[position]
                             if p not in arrived:
-                                self._hora_copy_in(flat, b, position, p.grad)
+                                self._hora_copy_in(flat, position, p.grad)
                                 arrived.add(p)
                         self._hora_launch(b)
                     continue
