@@ -269,7 +269,8 @@ Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
   // known only now, on this rank alone, so the rank still takes part
   // (through a buffer of its own) and only its own call fails.
   char* out;
-  if (e.output != nullptr && e.output_bytes == needed) {
+  const bool into_output = e.output != nullptr && e.output_bytes == needed;
+  if (into_output) {
     out = static_cast<char*>(e.output);
     e.work->output_shape = plan.output_shape;
   } else {
@@ -282,7 +283,9 @@ Status Executor::RunAllgather(TensorEntry& e, const CollectivePlan& plan) {
     out = Allocate(e, needed, plan);
   }
   const std::vector<int64_t> bytes = InBytes(plan.recv_counts, element);
-  if (router_->RingFor(needed)) {
+  // The same choice on every rank, so from the negotiated size alone
+  // (whether a rank gathers into its own buffer is its own business).
+  if (router_->RingForAllgather(needed)) {
     int64_t offset = 0;
     for (int r = 0; r < comm_->rank(); ++r) offset += bytes[r];
     if (out + offset != e.input.data) std::memcpy(out + offset, e.input.data, e.input.NumBytes());
