@@ -31,7 +31,7 @@ from hora.torch.mpi_ops import (
     grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, join, poll,
     reducescatter, reducescatter_async, remove_process_set, sparse_allreduce_async, synchronize)
 from hora.torch.optimizer import DistributedOptimizer
-from hora.torch.sharded_optimizer import declare_elementwise
+from hora.torch.sharding_checks import declare_elementwise
 from hora.torch.sync_batch_norm import SyncBatchNorm
 
 from hora.torch import elastic  # noqa: E402  (hvd.elastic.run, after the names it uses)

@@ -41,9 +41,9 @@ from hora.torch._collectives import (
     ProcessSet, global_process_set, set_id, set_object, set_size)
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
-from hora.torch.sharded_optimizer import (
-    SHARDED_BUCKET_BYTES, _ShardedOptimizer, check_elementwise, check_replicas,
-    check_same_parameters, check_sharding)
+from hora.torch.sharded_optimizer import SHARDED_BUCKET_BYTES, _ShardedOptimizer
+from hora.torch.sharding_checks import (
+    check_elementwise, check_replicas, check_same_parameters, check_sharding)
 
 _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
