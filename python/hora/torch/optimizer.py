@@ -20,7 +20,6 @@ reduced and ``step()`` applies the rank's own gradients, as in Horovod.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +33,7 @@ from hora.common.gradient_policy import (
     GradientPolicy, bucket_units, check_backward_passes, gradient_policy, group_units)
 from hora._loader import _C
 from hora.torch import mpi_ops
-from hora.torch._hooks import gradient_ready_hook
+from hora.torch._optimizer_common import SynchronizeSwitch, gradient_ready_hook
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 from hora.torch._collectives import (
@@ -49,7 +48,7 @@ _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
 
 
-class _DistributedOptimizer:
+class _DistributedOptimizer(SynchronizeSwitch):
     """Mixed in before the wrapped optimizer's class; never instantiated on
     its own. All of its state lives in attributes starting with ``_hora_``."""
 
@@ -233,22 +232,6 @@ class _DistributedOptimizer:
         for entry, result in zip(entries, results):
             self._hora_finish(entry, result)
         self._hora_synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Context manager under which ``step()`` does not reduce gradients,
-        for use after an explicit :meth:`synchronize`::
-
-            optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            with optimizer.skip_synchronize():
-                optimizer.step()
-        """
-        self._hora_should_synchronize = False
-        try:
-            yield
-        finally:
-            self._hora_should_synchronize = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:

@@ -39,7 +39,7 @@ from hora.torch import _memory
 from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
     start_allgather, start_allgather_into, start_reducescatter, start_reducescatter_in_place)
-from hora.torch._hooks import gradient_ready_hook
+from hora.torch._optimizer_common import SynchronizeSwitch, gradient_ready_hook
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 
@@ -58,7 +58,7 @@ _MAX_BUCKETS_IN_FLIGHT = 2
 _MAX_GATHERS_IN_FLIGHT = 2
 
 
-class _ShardedOptimizer:
+class _ShardedOptimizer(SynchronizeSwitch):
     """Mixed in before the wrapped optimizer's class; never instantiated on
     its own. Its state lives in attributes starting with ``_hora_``."""
 
@@ -384,15 +384,6 @@ class _ShardedOptimizer:
                 self._hora_reset_step()
         self._hora_synchronized = True
 
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """``step()`` inside it does not reduce again (after :meth:`synchronize`)."""
-        self._hora_should_synchronize = False
-        try:
-            yield
-        finally:
-            self._hora_should_synchronize = True
-
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients of
@@ -501,8 +492,7 @@ class _ShardedOptimizer:
             else:
                 head = self._hora_params[layout.buckets[b].members[0]]
                 shard = torch.empty(0, dtype=head.dtype, device=head.device)
-            works, finish = start_allgather(
-                [shard], [f"allgather.{self._hora_bucket_names[b]}"], process_set=self._hora_set)
+            works, finish = start_allgather([shard], [name], process_set=self._hora_set)
             started.append((b, Handle(works, lambda ws: finish(ws)[0])))
 
         for b in order[:_MAX_GATHERS_IN_FLIGHT]:
