@@ -78,8 +78,7 @@ def parse(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
     synthetic.check_counts(parser, args)
-    args.measure = synthetic.parse_compare(parser, args.measure,
-                                           {m: None for m in MEASUREMENTS})
+    args.measure = synthetic.parse_compare(parser, args.measure, MEASUREMENTS, "--measure")
     args.compare = synthetic.parse_compare(parser, args.compare, variants.KNOWN)
     for option in ("width", "layers", "vocabulary", "sequence", "steps", "max_layers"):
         if getattr(args, option) < 1:

@@ -58,11 +58,11 @@ def check_counts(parser, args):
         parser.error("--num-warmup-batches must not be negative")
 
 
-def parse_compare(parser, text, known):
+def parse_compare(parser, text, known, option="--compare"):
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"--compare: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+        parser.error(f"{option}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     return names
 
 
