@@ -168,6 +168,12 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
     }
   }
   ThrowIfFailed(CheckRequest(r, in, w->output ? &w->output->view() : nullptr, size));
+  if (in_place && r.kind == CollectiveKind::kReducescatter && in.device >= 0) {
+    ThrowValueError(DescribeRequest(r) + ": an in-place reducescatter runs on host memory only");
+  }
+  if (w->output && r.kind == CollectiveKind::kAllgather && in.device >= 0) {
+    ThrowValueError(DescribeRequest(r) + ": an allgather into a given output runs on host memory only");
+  }
   TensorEntry entry;
   if (in.device >= 0) {
     if (stream < 0) {
@@ -189,9 +195,6 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
   }
   entry.request = std::move(r);
   entry.input = in;
-  if (in_place && r.kind == CollectiveKind::kReducescatter && in.device >= 0) {
-    ThrowValueError(DescribeRequest(r) + ": an in-place reducescatter runs on host memory only");
-  }
   entry.output = w->output ? w->output->view().data : in_place ? in.data : nullptr;
   if (w->output) entry.output_bytes = w->output->view().NumBytes();
   entry.work = std::make_shared<Work>();

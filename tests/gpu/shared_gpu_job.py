@@ -2,7 +2,8 @@
 on GPU local_rank with --own-gpu). Every collective on CUDA tensors against
 the values the ranks' inputs imply, then a few steps of training with
 DistributedOptimizer (fp16 compression) and SyncBatchNorm on the GPU, which
-must leave identical parameters on every rank. Prints "rank R ok"."""
+must leave identical parameters on every rank, and sharded training (ZeRO-2)
+that must end where replicated training ends. Prints "rank R ok"."""
 import sys
 
 import torch
@@ -99,5 +100,30 @@ spread = hvd.allreduce(state, op=hvd.Max, name="spread.max") - \
 check(f"identical parameters (spread {float(spread.abs().max())})",
       float(spread.abs().max()) == 0.0)
 check("running statistics moved", float(model.norm.running_var.sum()) != 8.0)
+
+
+def train_mlp(sharding):
+    """Six Adam steps of an MLP, each rank its own batches; the final weights."""
+    torch.manual_seed(11)
+    mlp = nn.Sequential(nn.Linear(32, 300), nn.Tanh(), nn.Linear(300, 7)).to(cuda)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(mlp.parameters(), lr=1e-2),
+                                   named_parameters=mlp.named_parameters(), sharding=sharding)
+    data_generator = torch.Generator().manual_seed(300 + rank)
+    for _ in range(6):
+        opt.zero_grad()
+        mlp(torch.randn(8, 32, generator=data_generator).to(cuda)).pow(2).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in mlp.parameters()])
+
+
+# sharded training (ZeRO-2) on GPU tensors ends where replicated training
+# ends, and every rank holds the same weights
+replicated = train_mlp(None)
+sharded = train_mlp("gradients")
+distance = float((sharded - replicated).norm() / replicated.norm())
+check(f"sharded weights equal replicated (relative distance {distance:.2e})", distance < 1e-6)
+sharded_spread = hvd.allreduce(sharded, op=hvd.Max, name="sharded.max") - \
+    hvd.allreduce(sharded, op=hvd.Min, name="sharded.min")
+check("sharded weights identical on every rank", float(sharded_spread.abs().max()) == 0.0)
 print(f"rank {rank} ok: losses {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 hvd.shutdown()

@@ -130,6 +130,20 @@ def test_output_and_input_on_different_devices_is_a_clear_error():
                   [torch.ones(3)])
 
 
+def test_in_place_reducescatter_and_allgather_into_an_output_are_for_host_memory():
+    """The sharded optimizer's two host-memory shortcuts, refused for GPU
+    tensors at submission with the tensor's name (a GPU result always goes
+    to a buffer the engine allocates)."""
+    if not hvd.cuda_built():
+        pytest.skip("without a CUDA build hora.torch stages GPU tensors in Python")
+    from hora.torch import _collectives
+    x = torch.ones(8, device=DEVICE)
+    with pytest.raises(ValueError, match="'rs.here'.*an in-place reducescatter runs on host"):
+        _collectives.start_reducescatter_in_place(x, "rs.here", hvd.Sum, 1.0, 1.0)
+    with pytest.raises(ValueError, match="'ag.into'.*an allgather into a given output runs on host"):
+        _collectives.start_allgather_into(x, torch.empty(8, device=DEVICE), "ag.into")
+
+
 def test_staging_warns_once_without_a_cuda_build():
     if hvd.cuda_built():
         pytest.skip("this build has NCCL; staging is for builds without GPU support")

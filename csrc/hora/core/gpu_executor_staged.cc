@@ -98,7 +98,9 @@ Status StagedExecutor::Run(const Response& response, TensorEntry& e, const Colle
   staged.input = e.input;
   staged.input.data = host;
   staged.input.device = -1;
-  staged.output = separate_output ? host + Align64(bytes) : host;
+  // A broadcast writes into the host copy (or beside it); the others leave
+  // their result in a buffer the CPU path allocates, never in place.
+  staged.output = !broadcast ? nullptr : separate_output ? host + Align64(bytes) : host;
   staged.work = e.work;
   const Response on_host = OnHost(response);
   const CollectivePlan plan = PlanCollective(on_host, e.input.shape, comm_->rank(), comm_->size());

@@ -41,8 +41,9 @@ from hora.torch._collectives import (
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 from hora.torch.sharded_optimizer import SHARDED_BUCKET_BYTES, _ShardedOptimizer
+from hora.torch.parameter_sharding import find_units
 from hora.torch.sharding_checks import (
-    check_elementwise, check_replicas, check_same_parameters, check_sharding)
+    check_elementwise, check_model, check_replicas, check_same_parameters, check_sharding)
 
 _UNNAMED = "allreduce.noname"
 _BUCKET_PREFIX = "allreduce.bucket."
@@ -372,7 +373,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: ProcessSet = global_process_set, *,
                          bucket_bytes: int | None = None,
                          sharding: str | None = None,
-                         replica_process_set: ProcessSet | None = None) -> torch.optim.Optimizer:
+                         replica_process_set: ProcessSet | None = None,
+                         model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -435,7 +437,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             every bucket of parameters; gradients are reduce-scattered and
             the updated parameters allgathered. ``"gradients"`` (stage 2):
             also only 1/N of the reduced gradients is kept. ``"parameters"``
-            (stage 3) raises ``NotImplementedError``. With sharding, wrapping
+            (stage 3): the parameters too live as 1/N shards, gathered
+            around each block's forward and backward; it needs ``model``,
+            wrapping sets every rank's parameters to the first rank's, and
+            outside forward and backward the parameters are whole only
+            inside ``optimizer.gathered_parameters()``. With sharding, wrapping
             is collective (the ranks of the process set check that they hold
             the same parameters), ``state_dict()`` is collective, ``p.grad``
             is not the averaged gradient after ``synchronize()`` (clip with
@@ -450,6 +456,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             with the same local rank on the other hosts); the reduced
             shards are averaged across it, so the gradients are averaged
             over every rank of both.
+        model: (hora's, keyword only, with ``sharding="parameters"``) the
+            ``torch.nn.Module`` whose parameters the optimizer holds: its
+            blocks (the children of its ``ModuleList``, ``Sequential`` and
+            ``ModuleDict`` containers, else its own children) get hooks that
+            gather their parameters before forward and backward and free
+            them after; every other parameter is gathered for the whole
+            forward of ``model``.
 
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
@@ -472,11 +485,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                               _ShardedOptimizer)):
         raise ValueError("this optimizer is already a hora DistributedOptimizer")
     stage = check_sharding(sharding)
-    if stage == 3:
-        raise NotImplementedError(
-            "DistributedOptimizer(sharding='parameters'): sharding the parameters themselves "
-            "(ZeRO stage 3) is not implemented yet; sharding='gradients' keeps 1/N of the "
-            "gradients and optimizer state (docs/sharding.md)")
+    check_model(model, stage)
     policy = gradient_policy(what, op, gradient_predivide_factor, groups, num_groups,
                              compression, stacklevel=2)
     if stage:
@@ -512,14 +521,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError(f"DistributedOptimizer: bucket_bytes must be an int >= 0, got "
                          f"{bucket_bytes!r}")
     hora_names = {p: f"allreduce.{name}" for p, name in names.items()}
-    units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
+    model_units = None
+    if stage == 3:
+        units, model_units = _model_buckets(model, params, names, bucket_bytes)
+        unit_names = [None] * len(units)
+    else:
+        units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
 
     if replica_process_set is not None and not stage:
         raise ValueError("DistributedOptimizer: replica_process_set is for hybrid sharding; "
                          "pass sharding= too")
     if stage:
         return _sharded_optimizer(optimizer, names, params, units, stage, policy, passes,
-                                  sparse_as_dense, process_set, replica_process_set)
+                                  sparse_as_dense, process_set, replica_process_set,
+                                  model_units)
     member = process_set is global_process_set or bool(process_set.included())
     if policy.op == Adasum and member and set_size(process_set) > 1:
         return _adasum_optimizer(optimizer, names, policy, passes, process_set)
@@ -565,9 +580,26 @@ def _adasum_optimizer(optimizer, names, policy, passes, process_set):
     return wrapped
 
 
+def _model_buckets(model, params, names, bucket_bytes):
+    """Stage 3: the buckets (lists of parameters), cut inside each unit of
+    the model so that a block's parameters are gathered together, and
+    (model, each unit's bucket indices, each unit's module)."""
+    found = find_units(model, params, names)
+    units, unit_buckets, modules = [], [], []
+    # the buckets in the order backward produces gradients: last unit first
+    for module, positions in reversed(found):
+        members = [params[i] for i in sorted(positions)]
+        cut = bucket_units([p.numel() * p.element_size() for p in members],
+                           [(p.dtype, p.device) for p in members], bucket_bytes)
+        unit_buckets.append(list(range(len(units), len(units) + len(cut))))
+        modules.append(module)
+        units.extend([members[i] for i in bucket] for bucket in cut)
+    return units, (model, unit_buckets, modules)
+
+
 def _sharded_optimizer(optimizer, names, params, units, stage, policy, passes, sparse_as_dense,
-                       process_set, replicas):
-    """ZeRO stages 1 and 2 (see :mod:`hora.torch.sharded_optimizer`)."""
+                       process_set, replicas, model_units):
+    """ZeRO stages 1, 2 and 3 (see :mod:`hora.torch.sharded_optimizer`)."""
     member = process_set is global_process_set or bool(process_set.included())
     if replicas is not None:
         set_id(replicas, "DistributedOptimizer replica_process_set")
@@ -581,7 +613,7 @@ def _sharded_optimizer(optimizer, names, params, units, stage, policy, passes, s
     position = {p: i for i, p in enumerate(params)}
     wrapped._hora_shard_setup(params, names, [[position[p] for p in unit] for unit in units],
                               stage, policy, passes, sparse_as_dense, process_set,
-                              replicas if member else None)
+                              replicas if member else None, model_units)
     if member and replicas is not None:
         check_replicas(wrapped._hora_layout, wrapped._hora_rank, process_set, replicas)
     return wrapped

@@ -40,6 +40,7 @@ from hora.torch._collectives import (
     global_process_set, set_id, set_rank, set_size,
     start_allgather, start_allgather_into, start_reducescatter, start_reducescatter_in_place)
 from hora.torch._optimizer_common import SynchronizeSwitch, gradient_ready_hook
+from hora.torch.parameter_sharding import ParameterShards
 from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 
@@ -65,7 +66,7 @@ class _ShardedOptimizer(SynchronizeSwitch):
     # --- set-up ------------------------------------------------------------
 
     def _hora_shard_setup(self, params, names, units, stage, policy, passes,
-                          sparse_as_dense, process_set, replicas=None):
+                          sparse_as_dense, process_set, replicas=None, model_units=None):
         self._hora_stage = stage
         # hybrid sharding: the ranks holding the same shard in other sets
         self._hora_replicas = replicas
@@ -93,9 +94,16 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_grad_shards = []
         self._hora_pieces = {}   # parameter -> _hora_make_piece(its piece)
         self._hora_flat_params = {}  # bucket -> the flat buffer its parameters are views of
-        if self._hora_member:    # outside the set every step is a local one
+        # stage 3: the parameters' shards, gathers and module hooks
+        self._hora_shards = None
+        if self._hora_member and stage == 3:
+            model, unit_buckets, modules = model_units
+            self._hora_shards = ParameterShards(self, model, unit_buckets, modules)
+            self._hora_shards.shard(broadcast_root=True)
+        elif self._hora_member:  # outside the set every step is a local one
             for b in range(len(layout.buckets)):
                 self._hora_flatten(b)
+        if self._hora_member:
             for b, bucket in enumerate(layout.buckets):
                 head = params[bucket.members[0]]
                 self._hora_grad_shards.append(torch.zeros(
@@ -139,7 +147,7 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_flat_params[b] = flat
 
     def _hora_check_flat(self):
-        """Flattens again a bucket whose parameters no longer view its
+        """(Stages 1 and 2.) Flattens again a bucket whose parameters no longer view its
         buffer (``p.data = ...``, ``load_state_dict(assign=True)``)."""
         for b, flat in list(self._hora_flat_params.items()):
             bucket = self._hora_layout.buckets[b]
@@ -153,7 +161,10 @@ class _ShardedOptimizer(SynchronizeSwitch):
         parameter's address it was made from, whether it is a view)."""
         p = self._hora_params[piece.param]
         view = p.is_contiguous()
-        if view:
+        if self._hora_shards is not None:  # stage 3: a view of the bucket's shard
+            tensor = self._hora_shards.shards[piece.bucket][piece.offset:
+                                                            piece.offset + piece.numel]
+        elif view:
             tensor = p.detach().view(-1)[piece.start:piece.stop]
         else:  # a copy, refreshed from the parameter before every step
             tensor = p.detach().reshape(-1)[piece.start:piece.stop].clone()
@@ -215,6 +226,9 @@ class _ShardedOptimizer(SynchronizeSwitch):
             p.grad = None
         if len(self._hora_arrived[b]) == len(self._hora_layout.buckets[b].members):
             self._hora_launch(b)
+            if self._hora_shards is not None:
+                # backward is done with this bucket's parameters
+                self._hora_shards.free(b)
 
     def _hora_flat_of(self, b):
         flat = self._hora_flat.get(b)
@@ -304,12 +318,13 @@ class _ShardedOptimizer(SynchronizeSwitch):
         for p in self._hora_delay:
             self._hora_delay[p] = self.backward_passes_per_step
 
-    def _hora_name_bucket(self, error, b):
+    def _hora_name_bucket(self, error, b, what="gradients"):
         bucket = self._hora_layout.buckets[b]
         first = self._parameter_names.get(self._hora_params[bucket.members[0]], "?")
         last = self._parameter_names.get(self._hora_params[bucket.members[-1]], "?")
-        return type(error)(f"{error} (the gradients of the {len(bucket.members)} parameter(s) "
-                           f"'{first}' .. '{last}', reduced together as one sharded bucket)")
+        verb = "reduced" if what == "gradients" else "gathered"
+        return type(error)(f"{error} (the {what} of the {len(bucket.members)} parameter(s) "
+                           f"'{first}' .. '{last}', {verb} together as one sharded bucket)")
 
     def _hora_reduce_across_replicas(self):
         """Hybrid sharding: averages (or sums) each reduced shard over the
@@ -382,6 +397,8 @@ class _ShardedOptimizer(SynchronizeSwitch):
         finally:
             if not self._hora_in_flight:
                 self._hora_reset_step()
+            if self._hora_shards is not None:
+                self._hora_shards.end_of_pass()
         self._hora_synchronized = True
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
@@ -446,12 +463,38 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_synchronized = False
         self._hora_clipped = False
         self._hora_loaded = None
+        if self._hora_shards is not None:
+            # stage 3: the shards are stepped; the next forward gathers them
+            with self._hora_pieces_as_params():
+                return super().step()
         self._hora_check_flat()
         self._hora_refresh_pieces()
         with self._hora_pieces_as_params():
             result = super().step()
         self._hora_gather_parameters()
         return result
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, writeback: bool = True):
+        """Stage 3 (``sharding="parameters"``): a context in which every
+        parameter of the model is whole on every rank (FSDP's
+        ``summon_full_params``), to save or load ``model.state_dict()``,
+        evaluate outside forward hooks or inspect weights. Collective (every
+        rank of the process set enters it) and it costs the whole
+        parameters' memory while it lasts. With ``writeback`` (default)
+        changes made inside are kept: each rank copies its slice back into
+        its shard on exit. Outside it, between forward passes, the
+        parameters hold no memory. With other stages the parameters are
+        always whole and this does nothing."""
+        if self._hora_shards is None:
+            yield
+            return
+        if self._hora_pending():
+            raise RuntimeError("DistributedOptimizer.gathered_parameters(): gradients are being "
+                               "reduced (after backward, before step); call it before backward "
+                               "or after step()")
+        with self._hora_shards.gathered(writeback):
+            yield
 
     @contextlib.contextmanager
     def _hora_pieces_as_params(self):

@@ -88,6 +88,21 @@ def check_sharding(sharding: Any) -> int:
     return STAGES[sharding]
 
 
+def check_model(model: Any, stage: int) -> None:
+    """``model=`` goes with ``sharding="parameters"`` and only with it."""
+    if stage == 3 and model is None:
+        raise ValueError("DistributedOptimizer(sharding='parameters') needs the model: pass "
+                         "model=<the torch.nn.Module being trained>, whose blocks get hooks "
+                         "that gather their parameters before forward and backward")
+    if stage == 3 and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"DistributedOptimizer: model must be a torch.nn.Module, got "
+                        f"{type(model).__name__}")
+    if stage != 3 and model is not None:
+        raise ValueError("DistributedOptimizer: model= is for sharding='parameters' (stage 3), "
+                         "whose parameters are gathered around each block; other settings "
+                         "need no model")
+
+
 def check_replicas(layout: ShardLayout, rank: int, process_set: Any, replicas: Any) -> None:
     """Collective over ``replicas``: its ranks must hold the same shard of
     the same layout (the same position in sets of the same size), else
