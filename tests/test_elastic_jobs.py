@@ -220,12 +220,15 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
 SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
 
 
-def test_sharded_state_survives_a_world_of_another_size(job_env, tmp_path):
+@pytest.mark.parametrize("sharding", ["gradients", "parameters"])
+def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_path):
     """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
     (4 again): each new world merges the shards every rank of the last
-    commit wrote and re-cuts them, and the run ends like an uninterrupted
+    commit wrote and re-cuts them (with sharding="parameters" the model's
+    weights too, committed whole), and the run ends like an uninterrupted
     4-rank run (the same averaged gradients every step; sums of 3 ranks
     add in another order, so not bit for bit)."""
+    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
     reference = str(tmp_path / "ref")
     code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
                             {"HORA_TEST_OUT": reference})

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -373,6 +374,17 @@ void RegisterOps(py::module_& m) {
              ThrowIfFailed(status);
            })
       .def("poll", [](PyWork& w) { return w.work->Poll(); })
+      // Waits at most `seconds` (GIL released); true once done. The error,
+      // if any, is raised by wait().
+      .def("wait_for",
+           [](PyWork& w, double seconds) {
+             if (w.work->Poll()) return true;
+             Status status;
+             py::gil_scoped_release release;
+             return w.work->WaitFor(
+                 std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1e3)),
+                 &status);
+           })
       .def("result_dlpack",
            [](PyWork& w) -> py::object {
              if (!w.work->device_output) return py::none();

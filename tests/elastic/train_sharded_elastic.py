@@ -1,5 +1,5 @@
-"""An elastic run of the sharded optimizer (sharding="gradients", Adam)
-whose world changes size: every batch is a global batch of 12 samples made
+"""An elastic run of the sharded optimizer (HORA_TEST_SHARDING, default
+"gradients"; Adam) whose world changes size: every batch is a global batch of 12 samples made
 from (epoch, batch) alone and split evenly among the ranks (12 divides by
 1, 2, 3 and 4), so every world size computes the same averaged gradients
 and the run ends like an uninterrupted one, up to the order of sums.
@@ -29,9 +29,11 @@ hvd.init()
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(8, 33), torch.nn.Tanh(), torch.nn.Linear(33, 3))
+sharding = os.environ.get("HORA_TEST_SHARDING", "gradients")
 optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
                                      named_parameters=model.named_parameters(),
-                                     sharding="gradients")
+                                     sharding=sharding,
+                                     **({"model": model} if sharding == "parameters" else {}))
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)
 launch = int(os.environ.get("HORA_ELASTIC_RESTARTS", "0"))
 hosts = os.environ.get("HORA_TEST_HOSTS")
@@ -79,6 +81,8 @@ def train(state):
 train(state)
 full = optimizer.state_dict()
 out = os.environ.get("HORA_TEST_OUT")
+with optimizer.gathered_parameters(writeback=False):
+    params = [p.detach().clone() for p in model.parameters()]
 if out:
-    torch.save({"params": [p.detach().clone() for p in model.parameters()], "size": hvd.size(),
-                "optimizer": full}, f"{out}.rank{hvd.rank()}.pt")
+    torch.save({"params": params, "size": hvd.size(), "optimizer": full},
+               f"{out}.rank{hvd.rank()}.pt")

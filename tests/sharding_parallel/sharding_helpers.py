@@ -2,6 +2,8 @@
 loop that runs the same steps with any DistributedOptimizer settings, so
 that sharded training can be held against replicated training."""
 
+import contextlib
+
 import torch
 
 import hora.torch as hvd
@@ -34,6 +36,8 @@ def batch(step, rank, k=0):
 def make(optimizer_class=torch.optim.Adam, sharding=None, channels_last=False, lr=0.01,
          optimizer_options=None, **options):
     model = Net(channels_last)
+    if sharding == "parameters":
+        options["model"] = model
     optimizer = hvd.DistributedOptimizer(
         optimizer_class(model.parameters(), lr=lr, **(optimizer_options or {})),
         named_parameters=model.named_parameters(), sharding=sharding, **options)
@@ -56,7 +60,26 @@ def train(model, optimizer, steps=4, passes=1, first_step=0, clip=None):
 
 
 def parameters(model):
-    return [p.detach().clone() for p in model.parameters()]
+    """Copies of the model's parameters (whole, also where they are held
+    sharded by sharding="parameters")."""
+    with gathered(model):
+        return [p.detach().clone() for p in model.parameters()]
+
+
+def gathered(model, writeback=False):
+    """The parameters of ``model`` whole while the block runs (stage 3
+    gathers them; collective), what was written into them kept with
+    ``writeback``."""
+    for p in model.parameters():
+        holder = getattr(p, "_hora_shards", None)
+        if holder is not None and holder() is not None:
+            return holder().gathered(writeback=writeback)
+    return contextlib.nullcontext()
+
+
+def model_option(sharding, model):
+    """The keyword arguments a wrap with ``sharding`` needs for ``model``."""
+    return {"model": model} if sharding == "parameters" else {}
 
 
 def assert_same(got, expected, exact=False):
@@ -68,7 +91,7 @@ def assert_same(got, expected, exact=False):
 
 
 def assert_identical_on_every_rank(model):
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.reshape(-1) for p in parameters(model)])
     gathered = hvd.allgather(flat.unsqueeze(0), name="sharding.test.identical")
     for row in gathered:
         assert torch.equal(row, flat)

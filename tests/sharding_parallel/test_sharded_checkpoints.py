@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
 from hora.torch.sharded_checkpoint import consolidate_sharded_state_dicts  # noqa: E402
-from sharding_helpers import assert_same, make, parameters, train  # noqa: E402
+from sharding_helpers import assert_same, gathered, make, parameters, train  # noqa: E402
 
-STAGES = ["optimizer_state", "gradients"]
+STAGES = ["optimizer_state", "gradients", "parameters"]
 
 
 def assert_same_state(got, expected):
@@ -58,7 +58,8 @@ def test_a_full_state_dict_resumes_at_this_world_size(sharding, size):
     expected = parameters(model)
 
     model, optimizer = make(sharding=sharding)
-    model.load_state_dict(checkpoint["model"])
+    with gathered(model, writeback=True):  # stage 3's weights are whole only inside
+        model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     train(model, optimizer, steps=2, first_step=2)
     assert_same(parameters(model), expected)
@@ -85,13 +86,16 @@ def test_sharded_state_dicts_round_trip_and_merge(sharding, rank, size):
     elements = sum(v.numel() for entry in mine["state"].values()
                    for k, v in entry.items() if isinstance(v, torch.Tensor) and k != "step")
     total = hvd.allreduce(torch.tensor([elements]), op=hvd.Sum, name="sharding.ckpt.elements")
-    assert int(total[0]) == 2 * sum(p.numel() for p in model.parameters())
+    assert int(total[0]) == 2 * sum(optimizer._hora_layout.numels)
     every = hvd.allgather_object(mine, name="sharding.ckpt.shards")
     assert_same_state(consolidate_sharded_state_dicts(list(reversed(every))), full)
 
     # back into a fresh optimizer at the same world size
     model2, optimizer2 = make(sharding=sharding)
-    model2.load_state_dict(model.state_dict())
+    with gathered(model):
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with gathered(model2, writeback=True):
+        model2.load_state_dict(weights)
     optimizer2.load_sharded_state_dict(mine)
     train(model, optimizer, steps=1, first_step=2)
     train(model2, optimizer2, steps=1, first_step=2)
@@ -126,10 +130,21 @@ def test_load_on_the_root_then_broadcast_optimizer_state(sharding, rank, size):
     expected = parameters(model)
 
     model, optimizer = make(sharding=sharding, lr=0.5)  # lr comes from the root
-    if rank == 0:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if sharding == "parameters":
+        # the weights are whole only inside a collective context: every
+        # rank loads them there (rank 0 alone, then a broadcast inside it,
+        # comes to the same)
+        with gathered(model, writeback=True):
+            if rank == 0:
+                model.load_state_dict(checkpoint["model"])
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if rank == 0:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+    else:
+        if rank == 0:
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     assert optimizer.param_groups[0]["lr"] == 0.01
     train(model, optimizer, steps=2, first_step=2)

@@ -22,12 +22,6 @@ def test_sharding_takes_only_the_stage_names(value):
         wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, sharding=value)
 
 
-def test_stage_3_is_refused_until_it_exists():
-    model = torch.nn.Linear(3, 2)
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, sharding="parameters")
-
-
 @pytest.mark.parametrize("optimizer_class,why", [
     (torch.optim.LBFGS, "whole flattened parameter"),
     (torch.optim.Adafactor, "row and column statistics"),
@@ -96,7 +90,7 @@ def test_parameters_that_differ_between_ranks_are_named_on_every_rank(rank, size
     hvd.barrier()
 
 
-@pytest.mark.parametrize("sharding", ["optimizer_state", "gradients"])
+@pytest.mark.parametrize("sharding", ["optimizer_state", "gradients", "parameters"])
 def test_calls_in_the_wrong_order(sharding, rank):
     model, optimizer = make(sharding=sharding)
     x, y = batch(0, rank)

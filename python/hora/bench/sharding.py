@@ -2,8 +2,12 @@
 
 A transformer trains with Adam on one fixed batch per rank, in each of the
 ways of :mod:`hora.bench.sharding_variants`: hora replicated, hora with
-``sharding="optimizer_state"`` (ZeRO-1) and ``"gradients"`` (ZeRO-2), and,
-with --compare, PyTorch's DDP + ZeroRedundancyOptimizer and FSDP2 over gloo.
+``sharding="optimizer_state"`` (ZeRO-1), ``"gradients"`` (ZeRO-2) and
+``"parameters"`` (ZeRO-3), and, with --compare, PyTorch's DDP +
+ZeroRedundancyOptimizer and FSDP2 over gloo. With --cuda each rank trains
+on GPU local_rank modulo the GPUs there (hora's variants only), and memory
+is the peak of torch's CUDA allocator above what it held before the variant
+was built.
 Three measurements (--measure):
 
 memory      each variant alone in turn: the bytes of Adam's state and of
@@ -17,8 +21,8 @@ throughput  samples/sec of every variant in alternating blocks, as
             torch-synthetic times them (median and range over iterations,
             ratios taken per iteration), and the largest difference of any
             weight between ranks afterwards.
-largest     for hora replicated and ZeRO-2 (and FSDP2 with --compare
-            fsdp2), the deepest model of --width whose peak memory above
+largest     for hora replicated, ZeRO-2 and ZeRO-3 (and FSDP2 with
+            --compare fsdp2), the deepest model of --width whose peak memory above
             the baseline stays within --limit-mib on every rank: blocks are
             doubled until one does not fit, then bisected.
 
@@ -69,6 +73,9 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: the host's cores divided by the "
                              "ranks on it, at least 1)")
+    parser.add_argument("--cuda", action="store_true",
+                        help="train on the GPU (hora's variants; memory from torch's CUDA "
+                             "allocator)")
     synthetic.add_timing_options(parser)
     synthetic.add_output_options(parser, "samples/sec")
     return parser
@@ -80,6 +87,10 @@ def parse(argv):
     synthetic.check_counts(parser, args)
     args.measure = synthetic.parse_compare(parser, args.measure, MEASUREMENTS, "--measure")
     args.compare = synthetic.parse_compare(parser, args.compare, variants.KNOWN)
+    if args.cuda and args.compare:
+        parser.error("--compare runs over gloo on the CPU; leave it out with --cuda")
+    if args.cuda and not torch.cuda.is_available():
+        parser.error("--cuda: torch sees no GPU here")
     for option in ("width", "layers", "vocabulary", "sequence", "steps", "max_layers"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
@@ -129,11 +140,20 @@ def reset_peak():
 
 
 @contextlib.contextmanager
-def peak_above_baseline(comm):
+def peak_above_baseline(comm, device=None):
     """Yields a dict that gets ``baseline`` (resident bytes before) and
-    ``peak`` (the high-water mark above it) of the block."""
+    ``peak`` (the high-water mark above it) of the block; on a GPU
+    ``device``, torch's CUDA allocator's."""
     settle()
     comm.Barrier()
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        found = {"baseline": torch.cuda.memory_allocated(device)}
+        yield found
+        torch.cuda.synchronize(device)
+        found["peak"] = torch.cuda.max_memory_allocated(device) - found["baseline"]
+        return
     reset_peak()
     found = {"baseline": _status("VmRSS")}
     yield found
@@ -161,7 +181,7 @@ def measured_step(variant):
 
 
 def memory_of(cls, setup, steps, comm):
-    with peak_above_baseline(comm) as found:
+    with peak_above_baseline(comm, setup.device) as found:
         variant = cls(setup)
         try:
             for _ in range(steps - 1):
@@ -238,7 +258,7 @@ def weight_agreement(made, comm):
 
 
 def run_largest(args, comm, log):
-    names = ["hora", "hora_zero2"] + [n for n in args.compare if n == "fsdp2"]
+    names = ["hora", "hora_zero2", "hora_zero3"] + [n for n in args.compare if n == "fsdp2"]
     merged = {**variants.HORA, **variants.KNOWN}
     limit = args.limit_mib * 2**20
     found = {}
@@ -248,7 +268,7 @@ def run_largest(args, comm, log):
         def fits(layers, name=name, cache=cache):
             if layers not in cache:
                 setup = variants.Setup(args.width, layers, args.vocabulary, args.sequence,
-                                       args.batch_size, hvd.rank())
+                                       args.batch_size, hvd.rank(), device=device(args))
                 peak = memory_of(merged[name], setup, 2, comm)["peak_bytes"]
                 peak = comm.allreduce(peak, op=MPI.MAX)
                 cache[layers] = (peak <= limit, peak, setup.parameters())
@@ -280,12 +300,20 @@ def run_largest(args, comm, log):
     return found
 
 
+def device(args):
+    if not args.cuda:
+        return torch.device("cpu")
+    return torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+
+
 def run(args):
     hvd.init()
     comm = MPI.COMM_WORLD
     rank, size = hvd.rank(), hvd.size()
     cores = os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // hvd.local_size()))
+    if args.cuda:
+        torch.cuda.set_device(device(args))
 
     def log(message):
         if rank == 0:
@@ -301,7 +329,7 @@ def run(args):
         setup = None
         if "memory" in args.measure or "throughput" in args.measure:
             setup = variants.Setup(args.width, args.layers, args.vocabulary, args.sequence,
-                                   args.batch_size, rank)
+                                   args.batch_size, rank, device=device(args))
             results["parameters"] = setup.parameters()
             log(f"Model: transformer, width {args.width}, {args.layers} blocks, vocabulary "
                 f"{args.vocabulary}, {setup.parameters() / 1e6:.1f} M parameters; batch "
@@ -335,8 +363,9 @@ def run(args):
     return 0
 
 
-PAIRS = [("hora_zero1", "hora"), ("hora_zero2", "hora"), ("hora", "compute_only"),
-         ("hora_zero2", "ddp_zero"), ("hora_zero2", "fsdp2"), ("hora_zero1", "ddp_zero")]
+PAIRS = [("hora_zero1", "hora"), ("hora_zero2", "hora"), ("hora_zero3", "hora"),
+         ("hora", "compute_only"), ("hora_zero2", "ddp_zero"), ("hora_zero2", "fsdp2"),
+         ("hora_zero3", "fsdp2"), ("hora_zero1", "ddp_zero")]
 
 
 def main(argv=None):

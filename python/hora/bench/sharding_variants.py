@@ -1,5 +1,5 @@
 """The ways ``python -m hora.bench sharding`` trains one transformer with
-Adam: hora replicated and hora with ZeRO stages 1 and 2
+Adam: hora replicated and hora with ZeRO stages 1, 2 and 3
 (``DistributedOptimizer(..., sharding=...)``), the step alone with no
 communication, PyTorch's ``ZeroRedundancyOptimizer`` under DDP, and
 PyTorch's FSDP2 (``fully_shard`` on every block and on the whole model),
@@ -10,6 +10,7 @@ gradients this rank holds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -23,17 +24,19 @@ class Setup:
     """What every variant trains: the model's shape, its initial weights,
     this rank's batch, the learning rate."""
 
-    def __init__(self, width, layers, vocabulary, sequence, batch_size, rank, lr=1e-4):
+    def __init__(self, width, layers, vocabulary, sequence, batch_size, rank, lr=1e-4,
+                 device=None):
         self.shape = {"width": width, "layers": layers, "vocabulary": vocabulary,
                       "sequence": sequence, "heads": max(1, width // 64)}
         torch.manual_seed(0)
         self.initial_state = self.build().state_dict()
         generator = torch.Generator().manual_seed(1000 + rank)
         tokens = torch.randint(0, vocabulary, (batch_size, sequence), generator=generator)
-        self.data, self.target = tokens, torch.roll(tokens, -1, dims=1)
+        self.device = device or torch.device("cpu")
+        self.data = tokens.to(self.device)
+        self.target = torch.roll(tokens, -1, dims=1).to(self.device)
         self.batch_size = batch_size
         self.lr = lr
-        self.device = torch.device("cpu")
 
     def build(self):
         return small_transformer.SmallTransformer(**self.shape)
@@ -58,13 +61,13 @@ class Variant(train_variants.Variant):
     def _model(self):
         model = self.setup.build()
         model.load_state_dict(self.setup.initial_state)
-        return model
+        return model.to(self.setup.device)
 
     def flat_weights(self):
         # FSDP2's parameters are DTensors: their full values, gathered
         with torch.no_grad():
             return torch.cat([_full(p).reshape(-1).double()
-                              for p in self.model.parameters()]).numpy()
+                              for p in self.model.parameters()]).cpu().numpy()
 
     def state_bytes(self):
         """Bytes of per-element optimizer state on this rank (Adam's moments)."""
@@ -103,9 +106,15 @@ class Hora(Variant):
     def __init__(self, setup):
         super().__init__(setup)
         self.model = self._model()
+        model = {"model": self.model} if self.sharding == "parameters" else {}
         self.optimizer = hvd.DistributedOptimizer(
             torch.optim.Adam(self.model.parameters(), lr=setup.lr),
-            named_parameters=self.model.named_parameters(), sharding=self.sharding)
+            named_parameters=self.model.named_parameters(), sharding=self.sharding, **model)
+
+    def flat_weights(self):
+        with self.optimizer.gathered_parameters(writeback=False) if self.sharding else \
+                contextlib.nullcontext():
+            return super().flat_weights()
 
     def gradient_bytes(self):
         kept = super().gradient_bytes()
@@ -121,6 +130,11 @@ class HoraZero1(Hora):
 class HoraZero2(Hora):
     name, label = "hora_zero2", "hora sharding='gradients' (ZeRO-2)"
     sharding = "gradients"
+
+
+class HoraZero3(Hora):
+    name, label = "hora_zero3", "hora sharding='parameters' (ZeRO-3)"
+    sharding = "parameters"
 
 
 _process_group = []
@@ -194,4 +208,5 @@ class Fsdp2(Variant):
 
 
 KNOWN = {"ddp_zero": DdpZero, "fsdp2": Fsdp2}
-HORA = {"hora": Hora, "hora_zero1": HoraZero1, "hora_zero2": HoraZero2}
+HORA = {"hora": Hora, "hora_zero1": HoraZero1, "hora_zero2": HoraZero2,
+        "hora_zero3": HoraZero3}

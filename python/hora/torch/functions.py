@@ -20,6 +20,7 @@ from hora.torch import mpi_ops
 from hora.torch._collectives import (
     ProcessSet, check_root, check_tensor, global_process_set, set_id, set_object)
 from hora.torch.optimizer import _local_step
+from hora.torch.parameter_sharding import whole
 from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
@@ -54,12 +55,14 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor]
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"broadcast_parameters: '{name}' is a {type(tensor).__name__}, "
                             f"not a tensor")
-        check_tensor(tensor, f"broadcast_parameters '{name}'")
-    handles = [mpi_ops.broadcast_async_(tensor, root_rank,
-                                        None if name is None else f"broadcast_parameters.{name}",
-                                        process_set)
-               for name, tensor in entries]
-    wait_all(handles)
+    # parameters held sharded (sharding="parameters") take part whole
+    with whole([tensor for _, tensor in entries]):
+        for name, tensor in entries:
+            check_tensor(tensor, f"broadcast_parameters '{name}'")
+        handles = [mpi_ops.broadcast_async_(
+            tensor, root_rank, None if name is None else f"broadcast_parameters.{name}",
+            process_set) for name, tensor in entries]
+        wait_all(handles)
 
 
 def _options(group):

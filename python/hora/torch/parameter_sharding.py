@@ -1,29 +1,37 @@
 """Parameters that live sharded (ZeRO stage 3, ``sharding="parameters"``).
 
 Each bucket of the sharded optimizer's layout (:mod:`hora.common.shard_layout`)
-owns one flat buffer, and its parameters are views of it. Between uses the
-buffer's storage is resized to nothing: only this rank's shard of the bucket
-stays, in a tensor of its own that the wrapped optimizer steps. The model's
-modules are split into *units* (the blocks of its ``ModuleList`` /
-``Sequential`` containers, and the model itself for every other parameter);
+owns one flat buffer, and while gathered its parameters are views of it.
+Between uses the buffer's storage is resized to nothing (tensors autograd
+saved from it keep pointing at that storage, which the next gather grows
+back and fills) and each parameter's ``data`` is an empty tensor, so that
+touching a freed parameter finds no elements rather than freed memory. Only
+this rank's shard of the bucket stays, in a tensor of its own that the
+wrapped optimizer steps.
+
+The model's modules are split into *units*: the blocks of its
+``ModuleList`` / ``Sequential`` / ``ModuleDict`` containers, and the model
+itself for every other parameter (and any parameter two blocks share);
 buckets never cross units. Around each unit:
 
-- before its forward, its buckets are allgathered into their buffers (the
-  storage grown back, so every view and every tensor autograd saved sees the
-  parameters again) and the next unit's gathers are started (prefetch);
-- after its forward, its buckets are freed;
-- when backward reaches its outputs, its buckets are gathered again (and the
-  next unit's, in backward order, started);
+- before its forward, its buckets are allgathered into their buffers and
+  the next unit's gathers are started (prefetch);
+- after its forward, its buckets are freed (the model's own unit after the
+  whole forward);
+- when backward reaches its outputs, its buckets are gathered again, and
+  the next unit's in backward order started;
 - once every gradient of a bucket is produced, the bucket is freed, while
   its reducescatter runs (see :mod:`hora.torch.sharded_optimizer`).
 
-Every rank must run the same units in the same order (the gathers are
-collectives); the order is recorded on the first pass and used to prefetch.
+The gathers are collectives; see "the walks" below for how every rank
+starts the same ones even when ranks skip different blocks. The model must
+be called as a whole (its own forward starts a pass).
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any
 
 import torch
@@ -31,7 +39,7 @@ from torch import nn
 
 from hora.common._adapter.handles import Handle, synchronize
 from hora.common.exceptions import HoraError
-from hora.torch._collectives import start_allgather, start_allgather_into
+from hora.torch._collectives import global_process_set, start_allgather, start_allgather_into
 
 # Containers whose children are the units (a transformer's blocks).
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -90,13 +98,21 @@ class ParameterShards:
         self._units = unit_buckets           # unit -> its buckets
         self._modules = modules              # unit -> its module
         self.flat: list[torch.Tensor] = []   # bucket -> the buffer its parameters view
+        self._views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # (parameter, view)
         self.shards: list[torch.Tensor] = []  # bucket -> this rank's part, always there
         self._gathered: set[int] = set()
         self._pending: dict[int, tuple[Handle, bool]] = {}  # bucket -> gather in flight
         self._gathers = [0] * len(layout.buckets)
-        self._forward_order: list[int] = []
-        self._backward_order: list[int] = []
-        self._orders_done = False
+        # the units in the order forward walks them (the model's own unit,
+        # then the blocks as registered); backward walks the model's own
+        # unit first, then the blocks last to first
+        self._root = modules.index(model)
+        registration = {id(m): k for k, m in enumerate(model.modules())}
+        blocks = [u for u in range(len(modules)) if u != self._root]
+        blocks.sort(key=lambda u: registration[id(modules[u])])
+        self._orders = {"forward": [self._root] + blocks,
+                        "backward": [self._root] + blocks[::-1]}
+        self._cursors: dict[str, int] = {}  # walk -> position of its next unit
         self._hooks: list[Any] = []
         self._model = model
 
@@ -117,20 +133,41 @@ class ParameterShards:
                     view.copy_(p)
                     p.data = view
             if broadcast_root:
-                broadcast_(flat, 0, name=f"hora.sharding.parameters.{b}",
-                           process_set=self._optimizer._hora_process_set)
+                process_set = self._optimizer._hora_process_set
+                root = 0 if process_set is global_process_set else process_set.ranks[0]
+                broadcast_(flat, root, name=f"hora.sharding.parameters.{b}",
+                           process_set=process_set)
             start, stop = self._layout.bounds(b, self._rank)
             self.flat.append(flat)
+            self._views.append([(p, p.data) for p in members])
             self.shards.append(flat[start:stop].clone())
-            _free(flat)
+            self._release(b)
+            for p in members:
+                p._hora_shards = weakref.ref(self)
+        names = {p: name for name, p in self._model.named_parameters()}
+        for module in self._model.modules():
+            own = [p for p in module.parameters(recurse=False) if _holder(p) is self]
+            if own:
+                self._hooks.append(module.register_state_dict_post_hook(
+                    lambda *args, own=own: self._check_whole(own, names, "state_dict")))
+                self._hooks.append(module.register_load_state_dict_pre_hook(
+                    lambda *args, own=own: self._check_whole(own, names, "load_state_dict")))
         for unit, module in enumerate(self._modules):
             self._hooks.append(module.register_forward_pre_hook(
                 lambda module, args, unit=unit: self._before_forward(unit)))
             self._hooks.append(module.register_forward_hook(
                 lambda module, args, output, unit=unit: self._after_forward(unit, output)))
 
-    def storages(self) -> list[Any]:
-        return [flat.untyped_storage() for flat in self.flat]
+    def _check_whole(self, params: list[torch.Tensor], names: dict[torch.Tensor, str],
+                     what: str) -> None:
+        for p in params:
+            if not self.is_whole(p):
+                raise RuntimeError(
+                    f"model.{what}(): parameter '{names.get(p, '?')}' is sharded "
+                    f"(DistributedOptimizer(sharding='parameters')) and holds no values "
+                    f"outside forward and backward; call it inside "
+                    f"`with optimizer.gathered_parameters():` on every rank of the optimizer's "
+                    f"process set")
 
     # --- gathers -------------------------------------------------------------
 
@@ -161,11 +198,13 @@ class ParameterShards:
             result = synchronize(handle)
         except HoraError as error:
             self.drain()
-            _free(self.flat[b])
+            self._release(b)
             raise self._optimizer._hora_name_bucket(error, b, "parameters") from None
         if copy:
             with torch.no_grad():
                 self.flat[b].copy_(result)
+        for p, view in self._views[b]:
+            p.data = view
         self._gathered.add(b)
 
     def free(self, b: int) -> None:
@@ -174,7 +213,17 @@ class ParameterShards:
             with contextlib.suppress(HoraError):
                 synchronize(handle)
         self._gathered.discard(b)
+        self._release(b)
+
+    def _release(self, b: int) -> None:
+        """Bucket ``b`` holds no memory: its buffer's storage is emptied and
+        its parameters' ``data`` are empty tensors."""
         _free(self.flat[b])
+        for p, view in self._views[b]:
+            p.data = _empty(view)
+
+    def is_whole(self, p: torch.Tensor) -> bool:
+        return self._layout.bucket_of[self._optimizer._hora_position[p]] in self._gathered
 
     def drain(self) -> None:
         """Waits for every gather in flight (after an error: the engine may
@@ -195,35 +244,69 @@ class ParameterShards:
         for b in range(len(self.flat)):
             self.wait(b)
 
-    def gather_unit(self, unit: int, following: int | None) -> None:
-        buckets = self._units[unit]
-        for b in buckets:
-            self.start(b)
-        if following is not None:
-            for b in self._units[following]:
+    # --- the walks ------------------------------------------------------------
+    #
+    # The gathers are collectives, so every rank must start the same ones.
+    # A forward pass walks the units in a fixed order (the model, then its
+    # blocks as registered) and a backward pass walks them the other way
+    # (the model first, its outputs' gradient arriving first). Entering a
+    # unit starts the gathers of every unit the walk passed over (a block
+    # this rank skipped is gathered and freed at once: another rank may run
+    # it), of the unit, and of the next one (prefetch); the end of the pass
+    # starts what is left. Each rank therefore starts every unit once per
+    # pass, in the same order, whatever blocks it skips. A unit entered
+    # again, or against the order, is gathered once more, which every rank
+    # must then do as well.
+
+    def _enter(self, kind: str, unit: int) -> None:
+        order = self._orders[kind]
+        cursor = self._cursors.get(kind)
+        position = order.index(unit)
+        if cursor is None or position < cursor:
+            for b in self._units[unit]:  # outside the walk
                 self.start(b)
-        for b in buckets:
+            for b in self._units[unit]:
+                self.wait(b)
+            return
+        skipped = [order[k] for k in range(cursor, position)]
+        following = order[position + 1] if position + 1 < len(order) else None
+        for u in skipped + [unit] + ([following] if following is not None else []):
+            for b in self._units[u]:
+                self.start(b)
+        self._cursors[kind] = position + 1
+        for u in skipped:
+            for b in self._units[u]:
+                self.free(b)
+        for b in self._units[unit]:
             self.wait(b)
 
-    # --- hooks ---------------------------------------------------------------
+    def _finish_walk(self, kind: str) -> None:
+        """Starts (and frees) what the walk has not reached."""
+        cursor = self._cursors.pop(kind, None)
+        if cursor is None:
+            return
+        rest = self._orders[kind][cursor:]
+        for u in rest:
+            for b in self._units[u]:
+                self.start(b)
+        for u in rest:
+            for b in self._units[u]:
+                self.free(b)
 
-    def _next(self, order: list[int], unit: int) -> int | None:
-        if not self._orders_done:
-            return None
-        try:
-            k = order.index(unit)
-        except ValueError:
-            return None
-        return order[k + 1] if k + 1 < len(order) else None
+    # --- hooks -----------------------------------------------------------------
 
     def _before_forward(self, unit: int) -> None:
-        if not self._orders_done and unit not in self._forward_order:
-            self._forward_order.append(unit)
-        self.gather_unit(unit, self._next(self._forward_order, unit))
+        if unit == self._root and torch._C._current_graph_task_id() < 0:
+            self._finish_walk("backward")  # the last backward pass is over
+            self._finish_walk("forward")
+            self._cursors["forward"] = 0
+        self._enter("forward", unit)
 
     def _after_forward(self, unit: int, output: Any) -> None:
         if torch._C._current_graph_task_id() >= 0:
             return  # recomputed inside backward (activation checkpointing)
+        if unit == self._root:
+            self._finish_walk("forward")
         for b in self._units[unit]:
             self.free(b)
         if not torch.is_grad_enabled():
@@ -234,16 +317,17 @@ class ParameterShards:
                 tensors, lambda grads, unit=unit: self._before_backward(unit), mode="any")
 
     def _before_backward(self, unit: int) -> None:
-        if not self._orders_done and unit not in self._backward_order:
-            self._backward_order.append(unit)
-        self.gather_unit(unit, self._next(self._backward_order, unit))
+        if unit == self._root:
+            self._finish_walk("backward")
+            self._cursors["backward"] = 0
+        self._enter("backward", unit)
 
     def end_of_pass(self) -> None:
-        """After backward (from the optimizer's synchronize): frees what is
-        still gathered and fixes the orders recorded on the first pass."""
+        """After backward (from the optimizer's synchronize): finishes the
+        walks and frees what is still gathered."""
+        self._finish_walk("backward")
+        self._finish_walk("forward")
         self.free_all()
-        if self._forward_order:
-            self._orders_done = True
 
     @contextlib.contextmanager
     def gathered(self, writeback: bool):
@@ -259,8 +343,45 @@ class ParameterShards:
             self.free_all()
 
 
+def _holder(t: Any) -> ParameterShards | None:
+    """The ParameterShards holding parameter ``t`` (its ``_hora_shards``)."""
+    found = getattr(t, "_hora_shards", None)
+    return found() if found is not None else None
+
+
 def _free(flat: torch.Tensor) -> None:
     flat.untyped_storage().resize_(0)
+
+
+def _empty(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=like.dtype, device=like.device)
+
+
+def gathered_model(model: nn.Module, writeback: bool):
+    """``optimizer.gathered_parameters(writeback)`` of the optimizer holding
+    ``model``'s parameters sharded, or a context that does nothing."""
+    for p in model.parameters():
+        holder = _holder(p)
+        if holder is not None:
+            return holder.gathered(writeback)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def whole(tensors: list[torch.Tensor]):
+    """Parameters of ``tensors`` held sharded (stage 3) and freed are
+    gathered while the block runs, and what it wrote into them is kept
+    (collective over their optimizers' process sets); other tensors are
+    left alone."""
+    holders = []
+    for t in tensors:
+        holder = _holder(t)
+        if holder is not None and holder not in holders and not holder.is_whole(t):
+            holders.append(holder)
+    with contextlib.ExitStack() as stack:
+        for holder in holders:
+            stack.enter_context(holder.gathered(writeback=True))
+        yield
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:

@@ -43,10 +43,11 @@ def _elementwise(value: Any, numel: int) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == numel
 
 
-def _elementwise_full(key: str, value: Any, param: torch.Tensor) -> bool:
-    if not isinstance(value, torch.Tensor) or value.shape != param.shape:
+def _elementwise_full(key: str, value: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``value`` is a per-element entry of a parameter of ``shape``."""
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
         return False
-    return param.dim() > 0 or key not in _SCALAR_KEYS
+    return len(shape) > 0 or key not in _SCALAR_KEYS
 
 
 @contextlib.contextmanager
@@ -131,7 +132,9 @@ def full_state_dict(optimizer: Any) -> dict[str, Any]:
                 spec = entries.get(position, {}).get(key)
                 if spec is not None and spec[0] == "elementwise":
                     p = params[position]
-                    full[p][key] = flat[offset:offset + p.numel()].view(p.shape).clone()
+                    shape = optimizer._hora_shapes[p]
+                    full[p][key] = flat[offset:offset + layout.numels[position]].view(
+                        shape).clone()
     with _state_of_parameters(optimizer, full):
         return _base(optimizer).state_dict()
 
@@ -167,7 +170,7 @@ def keep_slice(optimizer: Any, param: torch.Tensor, state: dict[str, Any],
         return
     piece, tensor, _, _ = entry
     into[tensor] = {key: value.reshape(-1)[piece.start:piece.stop].clone()
-                    if _elementwise_full(key, value, param) else value
+                    if _elementwise_full(key, value, optimizer._hora_shapes[param]) else value
                     for key, value in state.items()}
 
 
@@ -198,7 +201,7 @@ def sharded_state_dict(optimizer: Any) -> dict[str, Any]:
         "numels": list(layout.numels),
         "units": [list(bucket.members) for bucket in layout.buckets],
         "numbers": [numbers[p] for p in params],
-        "shapes": [tuple(p.shape) for p in params],
+        "shapes": [optimizer._hora_shapes[p] for p in params],
         "pieces": {numbers[params[piece.param]]: (piece.start, piece.stop)
                    for piece in layout.pieces(optimizer._hora_rank)},
     }

@@ -1,7 +1,7 @@
-"""The sharded ``DistributedOptimizer`` (ZeRO stages 1 and 2).
+"""The sharded ``DistributedOptimizer`` (ZeRO stages 1, 2 and 3).
 
-``DistributedOptimizer(opt, ..., sharding="optimizer_state" | "gradients")``
-returns an object of a subclass of ``type(opt)`` made with this mixin. The
+``DistributedOptimizer(opt, ..., sharding="optimizer_state" | "gradients" |
+"parameters")`` returns an object of a subclass of ``type(opt)`` made with this mixin. The
 parameters are packed into the replicated optimizer's ready-order buckets
 and each bucket is cut among the ranks (:mod:`hora.common.shard_layout`):
 
@@ -20,7 +20,11 @@ Stage 1 (``"optimizer_state"``) leaves autograd's gradients in ``p.grad``
 (accumulated locally over ``backward_passes_per_step``, reduced once, as
 the replicated optimizer does); stage 2 (``"gradients"``) frees each
 ``p.grad`` as soon as it is in its bucket and reduces every backward pass
-into the shard, so only 1/N of the gradients outlives a bucket.
+into the shard, so only 1/N of the gradients outlives a bucket. Stage 3
+(``"parameters"``) is stage 2 whose pieces are views of shards that the
+parameters are gathered from around each block of the model
+(:mod:`hora.torch.parameter_sharding`), so nothing is allgathered after
+the update.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 
-from hora.common._adapter.handles import Handle, poll, synchronize
+from hora.common._adapter.handles import Handle, poll, synchronize, wait_for
 from hora.common.basics import Max, Sum
 from hora.common.exceptions import HoraError
 from hora.common.shard_layout import ShardLayout
@@ -54,6 +58,12 @@ SHARDED_BUCKET_BYTES = 4 << 20
 # slower than backward; past this many in flight backward waits for the
 # oldest, which bounds the flat buffers alive at once.
 _MAX_BUCKETS_IN_FLIGHT = 2
+# How long backward waits for the oldest reduction when too many are in
+# flight. Ranks whose backward passes skip different blocks launch buckets in
+# different orders, and a rank may reach the oldest bucket's reduction only at
+# synchronize(); waiting for it without limit would leave every rank waiting
+# for another. Past this, more buckets stay in flight (memory, not a hang).
+_IN_FLIGHT_PATIENCE = 0.05
 # Allgathers of updated buckets in flight at once (a GPU bucket's result is
 # a whole bucket until it is copied into the parameters).
 _MAX_GATHERS_IN_FLIGHT = 2
@@ -72,6 +82,8 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_replicas = replicas
         self._hora_params = params                  # layout position -> parameter
         self._hora_position = {p: i for i, p in enumerate(params)}
+        # (stage 3 empties the parameters between uses)
+        self._hora_shapes = {p: tuple(p.shape) for p in params}
         self._hora_process_set = process_set
         self._hora_set = set_id(process_set, "DistributedOptimizer")
         self._hora_member = process_set is global_process_set or bool(process_set.included())
@@ -282,8 +294,11 @@ class _ShardedOptimizer(SynchronizeSwitch):
                                                 process_set=self._hora_set)
             handle = Handle(works, lambda ws: finish(ws)[0])
         self._hora_in_flight.append((b, handle, wire, context))
-        while self._hora_in_flight and (len(self._hora_in_flight) > _MAX_BUCKETS_IN_FLIGHT
-                                        or poll(self._hora_in_flight[0][1])):
+        while self._hora_in_flight:
+            oldest = self._hora_in_flight[0][1]
+            if not (poll(oldest) or (len(self._hora_in_flight) > _MAX_BUCKETS_IN_FLIGHT
+                                     and wait_for(oldest, _IN_FLIGHT_PATIENCE))):
+                break
             self._hora_finish_oldest()
 
     def _hora_finish_oldest(self):

@@ -3,6 +3,7 @@ adapter, and :func:`wait_all` for waiting on several of them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
@@ -105,6 +106,18 @@ class OneHandle(Handle):
 def poll(handle: Handle) -> bool:
     """True once the collective behind ``handle`` has finished (never blocks)."""
     return handle._poll()
+
+
+def wait_for(handle: Handle, seconds: float) -> bool:
+    """Waits at most ``seconds`` for ``handle``; True once it has finished
+    (its result or error is then taken with :func:`synchronize`)."""
+    if handle._poll():
+        return True
+    deadline = time.monotonic() + seconds
+    for work in handle._works:
+        if not work.wait_for(max(0.0, deadline - time.monotonic())):
+            return False
+    return True
 
 
 def synchronize(handle: Handle) -> Any:

@@ -12,23 +12,31 @@ import torch
 from hora.common.elastic import ObjectState
 from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from hora.torch.parameter_sharding import gathered_model
 from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
 class _ModelState:
+    """A model's state dict. A model whose parameters a sharded optimizer
+    holds (``sharding="parameters"``) is gathered whole for each of these,
+    on every rank together (commit, restore and sync are collective)."""
+
     def __init__(self, model: torch.nn.Module):
         self.value = model
         self.saved: dict[str, Any] = {}
         self.save()
 
     def save(self) -> None:
-        self.saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
+        with gathered_model(self.value, writeback=False):
+            self.saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
 
     def restore(self) -> None:
-        self.value.load_state_dict(self.saved)
+        with gathered_model(self.value, writeback=True):
+            self.value.load_state_dict(self.saved)
 
     def sync(self) -> None:
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+        with gathered_model(self.value, writeback=True):
+            broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _StateDictState:
