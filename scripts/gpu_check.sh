@@ -143,6 +143,10 @@ step bench-torch-transformer 90 "$python" -m hora.bench torch-synthetic --cuda -
   --json "$out/torch_transformer.json"
 step bench-sharding-cpu 120 horarun -np 2 "$python" -m hora.bench sharding --measure throughput \
   --compare ddp_zero,fsdp2 --num-iters 5 --json "$out/sharding.json"
+# peak GPU memory per rank of replicated and sharded training (ZeRO-1/2/3),
+# 4 ranks sharing the GPU (collectives staged through host memory)
+step bench-sharding-gpu 240 horarun -np 4 "$python" -m hora.bench sharding --cuda --measure memory \
+  --width 768 --layers 10 --vocabulary 16384 --batch-size 1 --json "$out/sharding_gpu.json"
 step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
   --junitxml="$out/junit_ranks.xml"
 step digits-1rank 60 digits 1

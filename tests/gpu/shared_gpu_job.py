@@ -2,8 +2,9 @@
 on GPU local_rank with --own-gpu). Every collective on CUDA tensors against
 the values the ranks' inputs imply, then a few steps of training with
 DistributedOptimizer (fp16 compression) and SyncBatchNorm on the GPU, which
-must leave identical parameters on every rank, and sharded training (ZeRO-2)
-that must end where replicated training ends. Prints "rank R ok"."""
+must leave identical parameters on every rank, and sharded training (ZeRO-2
+and ZeRO-3) that must end where replicated training ends. Prints "rank R ok"."""
+import contextlib
 import sys
 
 import torch
@@ -107,23 +108,28 @@ def train_mlp(sharding):
     torch.manual_seed(11)
     mlp = nn.Sequential(nn.Linear(32, 300), nn.Tanh(), nn.Linear(300, 7)).to(cuda)
     opt = hvd.DistributedOptimizer(torch.optim.Adam(mlp.parameters(), lr=1e-2),
-                                   named_parameters=mlp.named_parameters(), sharding=sharding)
+                                   named_parameters=mlp.named_parameters(), sharding=sharding,
+                                   **({"model": mlp} if sharding == "parameters" else {}))
     data_generator = torch.Generator().manual_seed(300 + rank)
     for _ in range(6):
         opt.zero_grad()
         mlp(torch.randn(8, 32, generator=data_generator).to(cuda)).pow(2).mean().backward()
         opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in mlp.parameters()])
+    with opt.gathered_parameters(writeback=False) if sharding else contextlib.nullcontext():
+        return torch.cat([p.detach().reshape(-1) for p in mlp.parameters()])
 
 
-# sharded training (ZeRO-2) on GPU tensors ends where replicated training
-# ends, and every rank holds the same weights
+# sharded training (ZeRO-2 and ZeRO-3) on GPU tensors ends where replicated
+# training ends, and every rank holds the same weights
 replicated = train_mlp(None)
-sharded = train_mlp("gradients")
-distance = float((sharded - replicated).norm() / replicated.norm())
-check(f"sharded weights equal replicated (relative distance {distance:.2e})", distance < 1e-6)
-sharded_spread = hvd.allreduce(sharded, op=hvd.Max, name="sharded.max") - \
-    hvd.allreduce(sharded, op=hvd.Min, name="sharded.min")
-check("sharded weights identical on every rank", float(sharded_spread.abs().max()) == 0.0)
+for stage in ("gradients", "parameters"):
+    sharded = train_mlp(stage)
+    distance = float((sharded - replicated).norm() / replicated.norm())
+    check(f"sharding={stage!r} weights equal replicated (relative distance {distance:.2e})",
+          distance < 1e-6)
+    sharded_spread = hvd.allreduce(sharded, op=hvd.Max, name=f"{stage}.max") - \
+        hvd.allreduce(sharded, op=hvd.Min, name=f"{stage}.min")
+    check(f"sharding={stage!r} weights identical on every rank",
+          float(sharded_spread.abs().max()) == 0.0)
 print(f"rank {rank} ok: losses {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
 hvd.shutdown()
