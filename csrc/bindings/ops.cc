@@ -173,7 +173,8 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
     ThrowValueError(DescribeRequest(r) + ": an in-place reducescatter runs on host memory only");
   }
   if (w->output && r.kind == CollectiveKind::kAllgather && in.device >= 0) {
-    ThrowValueError(DescribeRequest(r) + ": an allgather into a given output runs on host memory only");
+    ThrowValueError(DescribeRequest(r) +
+                    ": an allgather into a given output runs on host memory only");
   }
   TensorEntry entry;
   if (in.device >= 0) {

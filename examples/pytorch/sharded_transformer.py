@@ -1,9 +1,13 @@
 """Trains a transformer language model that does not fit replicated within a
 per-rank memory limit, by sharding the gradients and Adam's state over the
-ranks (hvd.DistributedOptimizer(..., sharding="gradients")).
+ranks (hvd.DistributedOptimizer(..., sharding="gradients")), or the weights
+as well (sharding="parameters", for a model whose stage-2 run does not fit
+either).
 
     horarun -np 4 python examples/pytorch/sharded_transformer.py
     horarun -np 4 python examples/pytorch/sharded_transformer.py --sharding none
+    horarun -np 4 python examples/pytorch/sharded_transformer.py --sharding parameters \
+        --layers 16
 
 Each rank may allocate at most --memory-limit-mib MiB beyond what it holds
 after start-up: the limit is enforced (the process's data segment, through
@@ -100,7 +104,7 @@ def return_freed_memory():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sharding", default="gradients",
-                        choices=["none", "optimizer_state", "gradients"])
+                        choices=["none", "optimizer_state", "gradients", "parameters"])
     parser.add_argument("--memory-limit-mib", type=float, default=510,
                         help="what each rank may allocate beyond its start-up memory")
     parser.add_argument("--vocabulary", type=int, default=16384)
@@ -123,10 +127,13 @@ def main():
     model = LanguageModel(args.vocabulary, args.width, args.layers, args.context)
     parameters = sum(p.numel() for p in model.parameters())
     sharding = None if args.sharding == "none" else args.sharding
-    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=args.lr),
-                                         named_parameters=model.named_parameters(),
-                                         sharding=sharding)
+    # before wrapping: with sharding="parameters" the weights are whole only
+    # inside forward, backward and optimizer.gathered_parameters() afterwards
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=args.lr),
+        named_parameters=model.named_parameters(), sharding=sharding,
+        **({"model": model} if sharding == "parameters" else {}))
     chain = MarkovChain(args.vocabulary)
     if hvd.rank() == 0:
         print(f"{parameters / 1e6:.1f} M parameters on {hvd.size()} ranks, sharding={sharding}; "

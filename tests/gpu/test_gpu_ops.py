@@ -140,7 +140,8 @@ def test_in_place_reducescatter_and_allgather_into_an_output_are_for_host_memory
     x = torch.ones(8, device=DEVICE)
     with pytest.raises(ValueError, match="'rs.here'.*an in-place reducescatter runs on host"):
         _collectives.start_reducescatter_in_place(x, "rs.here", hvd.Sum, 1.0, 1.0)
-    with pytest.raises(ValueError, match="'ag.into'.*an allgather into a given output runs on host"):
+    with pytest.raises(ValueError,
+                       match="'ag.into'.*an allgather into a given output runs on host"):
         _collectives.start_allgather_into(x, torch.empty(8, device=DEVICE), "ag.into")
 
 

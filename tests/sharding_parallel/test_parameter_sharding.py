@@ -121,19 +121,23 @@ def test_parameters_hold_no_memory_between_uses(size):
     optimizer = wrap(model, "parameters")
     shards = optimizer._hora_shards
     total = sum(optimizer._hora_layout.numels)
-    for step in range(2):
+    for _ in range(2):
         # outside forward and backward: empty parameters, freed buffers
         assert all(p.numel() == 0 for p in model.parameters())
         assert all(f.untyped_storage().nbytes() == 0 for f in shards.flat)
         held = sum(s.numel() for s in shards.shards)
         assert total // size - len(shards.shards) <= held <= total // size + len(shards.shards)
         seen = []
-        hook = model.blocks[1].down.register_forward_hook(  # inside block 1's forward
-            lambda m, args, out: seen.append(
+
+        def look(module, args, output, seen=seen):
+            seen.append(
                 (model.blocks[1].up.weight.shape, all(
                     shards.flat[b].untyped_storage().nbytes() > 0
                     for b in shards._units[shards._modules.index(model.blocks[2])]),
-                 model.blocks[0].up.weight.numel() == 0)))
+                 model.blocks[0].up.weight.numel() == 0))
+
+        # inside block 1's forward
+        hook = model.blocks[1].down.register_forward_hook(look)
         run(model, optimizer, steps=1)
         hook.remove()
         # inside block 1's forward: its parameters whole, block 2's being
