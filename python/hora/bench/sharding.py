@@ -73,6 +73,9 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: the host's cores divided by the "
                              "ranks on it, at least 1)")
+    parser.add_argument("--bucket-mib", type=float, default=None,
+                        help="hora's sharded variants: bucket_bytes in MiB (default: the "
+                             "optimizer's)")
     parser.add_argument("--cuda", action="store_true",
                         help="train on the GPU (hora's variants; memory from torch's CUDA "
                              "allocator)")
@@ -269,6 +272,8 @@ def run_largest(args, comm, log):
             if layers not in cache:
                 setup = variants.Setup(args.width, layers, args.vocabulary, args.sequence,
                                        args.batch_size, hvd.rank(), device=device(args))
+                setup.bucket_bytes = (None if args.bucket_mib is None
+                                      else int(args.bucket_mib * 2**20))
                 peak = memory_of(merged[name], setup, 2, comm)["peak_bytes"]
                 peak = comm.allreduce(peak, op=MPI.MAX)
                 cache[layers] = (peak <= limit, peak, setup.parameters())
@@ -330,6 +335,7 @@ def run(args):
         if "memory" in args.measure or "throughput" in args.measure:
             setup = variants.Setup(args.width, args.layers, args.vocabulary, args.sequence,
                                    args.batch_size, rank, device=device(args))
+            setup.bucket_bytes = None if args.bucket_mib is None else int(args.bucket_mib * 2**20)
             results["parameters"] = setup.parameters()
             log(f"Model: transformer, width {args.width}, {args.layers} blocks, vocabulary "
                 f"{args.vocabulary}, {setup.parameters() / 1e6:.1f} M parameters; batch "

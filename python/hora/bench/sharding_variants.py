@@ -37,6 +37,7 @@ class Setup:
         self.target = torch.roll(tokens, -1, dims=1).to(self.device)
         self.batch_size = batch_size
         self.lr = lr
+        self.bucket_bytes = None  # hora's sharded variants: the optimizer's default
 
     def build(self):
         return small_transformer.SmallTransformer(**self.shape)
@@ -106,10 +107,12 @@ class Hora(Variant):
     def __init__(self, setup):
         super().__init__(setup)
         self.model = self._model()
-        model = {"model": self.model} if self.sharding == "parameters" else {}
+        options = {"model": self.model} if self.sharding == "parameters" else {}
+        if self.sharding and setup.bucket_bytes is not None:
+            options["bucket_bytes"] = setup.bucket_bytes
         self.optimizer = hvd.DistributedOptimizer(
             torch.optim.Adam(self.model.parameters(), lr=setup.lr),
-            named_parameters=self.model.named_parameters(), sharding=self.sharding, **model)
+            named_parameters=self.model.named_parameters(), sharding=self.sharding, **options)
 
     def flat_weights(self):
         with self.optimizer.gathered_parameters(writeback=False) if self.sharding else \
