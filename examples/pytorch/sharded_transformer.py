@@ -8,11 +8,13 @@ either).
     horarun -np 4 python examples/pytorch/sharded_transformer.py --sharding none
     horarun -np 4 python examples/pytorch/sharded_transformer.py --sharding parameters \
         --layers 16
+    horarun -np 4 python examples/pytorch/sharded_transformer.py --layers 16
 
 Each rank may allocate at most --memory-limit-mib MiB beyond what it holds
 after start-up: the limit is enforced (the process's data segment, through
 RLIMIT_DATA), so the replicated run stops with the allocator's error while
-the sharded one trains. The data is a fixed Markov chain over the
+the sharded one trains; at 16 blocks (41 M parameters) sharding="gradients"
+runs out as well and sharding="parameters" trains. The data is a fixed Markov chain over the
 vocabulary: the loss falls from ln(vocabulary) towards the chain's entropy,
 which the script prints for comparison.
 """
@@ -92,11 +94,15 @@ def peak_resident_bytes():
 def return_freed_memory():
     """glibc raises its mmap threshold each time a large block is freed, after
     which blocks up to that size stay in its heap when freed: the gradients
-    sharding frees would then still count against the limit. A fixed
-    threshold (what MALLOC_MMAP_THRESHOLD_=4194304 in the environment also
-    does) hands every large block back to the system when it is freed."""
+    sharding frees, and the weights sharding="parameters" gathers and frees
+    block by block, would then still count against the limit, in holes of the
+    heap. A fixed low threshold (what MALLOC_MMAP_THRESHOLD_=65536 and
+    MALLOC_TRIM_THRESHOLD_=131072 in the environment also do) hands every
+    block of 64 KiB or more back to the system when it is freed."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 << 10)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 << 10)  # M_TRIM_THRESHOLD
     except OSError:
         pass  # not glibc
 
@@ -105,7 +111,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sharding", default="gradients",
                         choices=["none", "optimizer_state", "gradients", "parameters"])
-    parser.add_argument("--memory-limit-mib", type=float, default=510,
+    parser.add_argument("--memory-limit-mib", type=float, default=450,
                         help="what each rank may allocate beyond its start-up memory")
     parser.add_argument("--vocabulary", type=int, default=16384)
     parser.add_argument("--width", type=int, default=384)
