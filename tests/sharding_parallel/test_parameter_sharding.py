@@ -316,6 +316,10 @@ def test_stage_3_needs_the_model_and_only_its_parameters():
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(),
                                  sharding="gradients", model=model)
+    wrap(model, "parameters")
+    with pytest.raises(ValueError, match="'position' is already held sharded"):
+        wrap(model, "parameters")
+    model = Tiny()
     other = nn.Linear(2, 2)
     params = list(model.parameters()) + list(other.parameters())
     names = list(model.named_parameters()) + [("other." + n, p)

@@ -56,6 +56,10 @@ def find_units(model: nn.Module, params: list[torch.Tensor],
         if p not in owned:
             raise ValueError(f"DistributedOptimizer(sharding='parameters'): the optimizer's "
                              f"parameter '{names.get(p, '?')}' is not a parameter of model")
+        if _holder(p) is not None:
+            raise ValueError(f"DistributedOptimizer(sharding='parameters'): parameter "
+                             f"'{names.get(p, '?')}' is already held sharded by another "
+                             f"DistributedOptimizer; wrap each model's optimizer once")
     wanted = set(params)
     modules: list[nn.Module] = []
 
@@ -226,13 +230,10 @@ class ParameterShards:
         return self._layout.bucket_of[self._optimizer._hora_position[p]] in self._gathered
 
     def drain(self) -> None:
-        """Waits for every gather in flight (after an error: the engine may
-        still write into their buffers)."""
-        for b, (handle, _) in list(self._pending.items()):
-            with contextlib.suppress(HoraError):
-                synchronize(handle)
-            self._pending.pop(b, None)
-            self._gathered.add(b)
+        """Waits for every gather in flight and frees its bucket (after an
+        error: the engine may still write into their buffers)."""
+        for b in list(self._pending):
+            self.free(b)
 
     def free_all(self) -> None:
         for b in list(self._gathered) + list(self._pending):
