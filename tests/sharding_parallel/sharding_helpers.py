@@ -2,11 +2,10 @@
 loop that runs the same steps with any DistributedOptimizer settings, so
 that sharded training can be held against replicated training."""
 
-import contextlib
-
 import torch
 
 import hora.torch as hvd
+from hora.torch.parameter_sharding import gathered_model
 
 
 class Net(torch.nn.Module):
@@ -70,11 +69,7 @@ def gathered(model, writeback=False):
     """The parameters of ``model`` whole while the block runs (stage 3
     gathers them; collective), what was written into them kept with
     ``writeback``."""
-    for p in model.parameters():
-        holder = getattr(p, "_hora_shards", None)
-        if holder is not None and holder() is not None:
-            return holder().gathered(writeback=writeback)
-    return contextlib.nullcontext()
+    return gathered_model(model, writeback)
 
 
 def model_option(sharding, model):

@@ -270,10 +270,7 @@ def run_largest(args, comm, log):
 
         def fits(layers, name=name, cache=cache):
             if layers not in cache:
-                setup = variants.Setup(args.width, layers, args.vocabulary, args.sequence,
-                                       args.batch_size, hvd.rank(), device=device(args))
-                setup.bucket_bytes = (None if args.bucket_mib is None
-                                      else int(args.bucket_mib * 2**20))
+                setup = make_setup(args, layers)
                 peak = memory_of(merged[name], setup, 2, comm)["peak_bytes"]
                 peak = comm.allreduce(peak, op=MPI.MAX)
                 cache[layers] = (peak <= limit, peak, setup.parameters())
@@ -311,6 +308,13 @@ def device(args):
     return torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
 
 
+def make_setup(args, layers):
+    """What every variant trains: a transformer of ``layers`` blocks."""
+    bucket_bytes = None if args.bucket_mib is None else int(args.bucket_mib * 2**20)
+    return variants.Setup(args.width, layers, args.vocabulary, args.sequence, args.batch_size,
+                          hvd.rank(), device=device(args), bucket_bytes=bucket_bytes)
+
+
 def run(args):
     hvd.init()
     comm = MPI.COMM_WORLD
@@ -333,9 +337,7 @@ def run(args):
     try:
         setup = None
         if "memory" in args.measure or "throughput" in args.measure:
-            setup = variants.Setup(args.width, args.layers, args.vocabulary, args.sequence,
-                                   args.batch_size, rank, device=device(args))
-            setup.bucket_bytes = None if args.bucket_mib is None else int(args.bucket_mib * 2**20)
+            setup = make_setup(args, args.layers)
             results["parameters"] = setup.parameters()
             log(f"Model: transformer, width {args.width}, {args.layers} blocks, vocabulary "
                 f"{args.vocabulary}, {setup.parameters() / 1e6:.1f} M parameters; batch "

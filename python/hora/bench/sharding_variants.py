@@ -25,7 +25,7 @@ class Setup:
     this rank's batch, the learning rate."""
 
     def __init__(self, width, layers, vocabulary, sequence, batch_size, rank, lr=1e-4,
-                 device=None):
+                 device=None, bucket_bytes=None):
         self.shape = {"width": width, "layers": layers, "vocabulary": vocabulary,
                       "sequence": sequence, "heads": max(1, width // 64)}
         torch.manual_seed(0)
@@ -37,7 +37,7 @@ class Setup:
         self.target = torch.roll(tokens, -1, dims=1).to(self.device)
         self.batch_size = batch_size
         self.lr = lr
-        self.bucket_bytes = None  # hora's sharded variants: the optimizer's default
+        self.bucket_bytes = bucket_bytes  # hora's sharded variants; None: the optimizer's
 
     def build(self):
         return small_transformer.SmallTransformer(**self.shape)

@@ -524,7 +524,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     model_units = None
     if stage == 3:
         units, model_units = _model_buckets(model, params, names, bucket_bytes)
-        unit_names = [None] * len(units)
     else:
         units, unit_names = _split_units(params, policy.groups, what, names, bucket_bytes)
 

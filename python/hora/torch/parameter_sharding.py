@@ -103,6 +103,7 @@ class ParameterShards:
         self._modules = modules              # unit -> its module
         self.flat: list[torch.Tensor] = []   # bucket -> the buffer its parameters view
         self._views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # (parameter, view)
+        self._empty: list[torch.Tensor] = []  # bucket -> the no-element data of its freed params
         self.shards: list[torch.Tensor] = []  # bucket -> this rank's part, always there
         self._gathered: set[int] = set()
         self._pending: dict[int, tuple[Handle, bool]] = {}  # bucket -> gather in flight
@@ -116,6 +117,8 @@ class ParameterShards:
         blocks.sort(key=lambda u: registration[id(modules[u])])
         self._orders = {"forward": [self._root] + blocks,
                         "backward": [self._root] + blocks[::-1]}
+        self._order_of = {kind: {u: k for k, u in enumerate(order)}
+                          for kind, order in self._orders.items()}
         self._cursors: dict[str, int] = {}  # walk -> position of its next unit
         self._hooks: list[Any] = []
         self._model = model
@@ -144,6 +147,7 @@ class ParameterShards:
             start, stop = self._layout.bounds(b, self._rank)
             self.flat.append(flat)
             self._views.append([(p, p.data) for p in members])
+            self._empty.append(torch.empty(0, dtype=flat.dtype, device=flat.device))
             self.shards.append(flat[start:stop].clone())
             self._release(b)
             for p in members:
@@ -223,8 +227,8 @@ class ParameterShards:
         """Bucket ``b`` holds no memory: its buffer's storage is emptied and
         its parameters' ``data`` are empty tensors."""
         _free(self.flat[b])
-        for p, view in self._views[b]:
-            p.data = _empty(view)
+        for p, _ in self._views[b]:
+            p.data = self._empty[b]
 
     def is_whole(self, p: torch.Tensor) -> bool:
         return self._layout.bucket_of[self._optimizer._hora_position[p]] in self._gathered
@@ -262,22 +266,16 @@ class ParameterShards:
     def _enter(self, kind: str, unit: int) -> None:
         order = self._orders[kind]
         cursor = self._cursors.get(kind)
-        position = order.index(unit)
-        if cursor is None or position < cursor:
-            for b in self._units[unit]:  # outside the walk
-                self.start(b)
-            for b in self._units[unit]:
-                self.wait(b)
-            return
-        skipped = [order[k] for k in range(cursor, position)]
-        following = order[position + 1] if position + 1 < len(order) else None
-        for u in skipped + [unit] + ([following] if following is not None else []):
-            for b in self._units[u]:
-                self.start(b)
-        self._cursors[kind] = position + 1
-        for u in skipped:
-            for b in self._units[u]:
-                self.free(b)
+        position = self._order_of[kind][unit]
+        if cursor is None or position < cursor:  # outside the walk
+            self._start(self._units[unit])
+        else:
+            # the skipped units, this one and the next, in the walk's order
+            self._start([b for u in order[cursor:position + 2] for b in self._units[u]])
+            self._cursors[kind] = position + 1
+            for u in order[cursor:position]:
+                for b in self._units[u]:
+                    self.free(b)
         for b in self._units[unit]:
             self.wait(b)
 
@@ -286,13 +284,14 @@ class ParameterShards:
         cursor = self._cursors.pop(kind, None)
         if cursor is None:
             return
-        rest = self._orders[kind][cursor:]
-        for u in rest:
-            for b in self._units[u]:
-                self.start(b)
-        for u in rest:
-            for b in self._units[u]:
-                self.free(b)
+        rest = [b for u in self._orders[kind][cursor:] for b in self._units[u]]
+        self._start(rest)
+        for b in rest:
+            self.free(b)
+
+    def _start(self, buckets: list[int]) -> None:
+        for b in buckets:
+            self.start(b)
 
     # --- hooks -----------------------------------------------------------------
 
@@ -352,10 +351,6 @@ def _holder(t: Any) -> ParameterShards | None:
 
 def _free(flat: torch.Tensor) -> None:
     flat.untyped_storage().resize_(0)
-
-
-def _empty(like: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, dtype=like.dtype, device=like.device)
 
 
 def gathered_model(model: nn.Module, writeback: bool):

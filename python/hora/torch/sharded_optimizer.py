@@ -1,8 +1,8 @@
 """The sharded ``DistributedOptimizer`` (ZeRO stages 1, 2 and 3).
 
 ``DistributedOptimizer(opt, ..., sharding="optimizer_state" | "gradients" |
-"parameters")`` returns an object of a subclass of ``type(opt)`` made with this mixin. The
-parameters are packed into the replicated optimizer's ready-order buckets
+"parameters")`` returns an object of a subclass of ``type(opt)`` made with
+this mixin. The parameters are packed into the replicated optimizer's ready-order buckets
 and each bucket is cut among the ranks (:mod:`hora.common.shard_layout`):
 
 - as backward produces a bucket's gradients, they are copied into one flat
