@@ -14,7 +14,7 @@
 
 #include "dlpack.h"
 #include "errors.h"
-#include "hora/core/process_set.h"
+#include "hora/core/process_set_table.h"
 #include "hora/core/request_check.h"
 #include "hora/cuda/device_runtime.h"
 #include "runtime.h"
@@ -221,8 +221,8 @@ Request NewRequest(int kind, std::string name, const CollectiveOptions& o) {
 }
 
 // Queues `w`'s collective and hands `w` to Python as its Work.
-py::object EnqueueOne(Engine& engine, int32_t set, std::unique_ptr<PyWork> w, TensorEntry entry) {
-  ThrowIfFailed(engine.EnqueueOne(set, std::move(entry)));
+py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry entry) {
+  ThrowIfFailed(engine.EnqueueOne(std::move(entry)));
   w->enqueued = true;
   return py::cast(std::move(w));
 }
@@ -254,7 +254,7 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
                                 entries.empty() ? nullptr : &entries.back()));
     works.push_back(std::move(w));
   }
-  ThrowIfFailed(engine.Enqueue(o.process_set, std::move(entries)));
+  ThrowIfFailed(engine.Enqueue(std::move(entries)));
   py::list result;
   for (auto& w : works) {
     w->enqueued = true;
@@ -289,7 +289,7 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
   r.dtype = w->dtype = w->input->view().dtype;
   r.shape = w->input->view().shape;
   TensorEntry entry = MakeEntry(w.get(), std::move(r), true, size, -1, o.splits);
-  return EnqueueOne(engine, o.process_set, std::move(w), std::move(entry));
+  return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 
 // The one way in: `tensors` is a list (one Work per tensor, `names` a
@@ -298,46 +298,39 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
 // (in place when options.in_place, else a result the core allocates).
 py::object Submit(int kind, py::handle tensors, py::handle names, const CollectiveOptions& options,
                   py::handle outputs) {
-  std::shared_ptr<Engine> engine = CurrentEngine();
+  std::shared_ptr<Engine> job = CurrentEngine();
   ReleaseFinishedOrphans();
-  int size = engine->topology().size;
-  const CollectiveOptions* chosen = &options;
-  CollectiveOptions in_set;
-  if (options.process_set != 0) {
-    // Inside a set, ranks are the set's: its size, and the root's place in it.
-    Engine::ProcessSetInfo set;
-    ThrowIfFailed(engine->FindProcessSet(options.process_set, &set));
+  // One lookup: the set's engine, its size, and the root as the set's rank
+  // (inside a set, ranks are the set's).
+  const bool rooted = kind == static_cast<int>(CollectiveKind::kBroadcast);
+  ProcessSetRoute route;
+  Status routed = job->process_sets().Route(
+      options.process_set, rooted ? std::optional<int>(options.root) : std::nullopt, &route);
+  if (!routed.ok()) {
     std::string what = CollectiveKindName(static_cast<CollectiveKind>(kind));
     if (PyUnicode_Check(names.ptr())) {
       what += " '" + names.cast<std::string>() + "'";
     } else if (PyList_Check(names.ptr()) && PyList_GET_SIZE(names.ptr()) > 0) {
       what += " '" + py::handle(PyList_GET_ITEM(names.ptr(), 0)).cast<std::string>() + "'";
     }
-    if (set.rank < 0) {
-      ThrowValueError(what + ": this process (rank " + std::to_string(engine->topology().rank) +
-                      ") is not in " + DescribeProcessSet(set.id, set.ranks) +
-                      "; only its members may call collectives on it");
-    }
-    size = static_cast<int>(set.ranks.size());
+    ThrowStatus(routed.WithContext(what));
+  }
+  Engine& engine = route.engine ? *route.engine : *job;
+  const int size = route.size;
+  const CollectiveOptions* chosen = &options;
+  CollectiveOptions in_set;
+  if (rooted && route.root != options.root) {
     in_set = options;
-    if (kind == static_cast<int>(CollectiveKind::kBroadcast)) {
-      const auto at = std::find(set.ranks.begin(), set.ranks.end(), options.root);
-      if (at == set.ranks.end()) {
-        ThrowValueError(what + ": root rank " + std::to_string(options.root) + " is not in " +
-                        DescribeProcessSet(set.id, set.ranks) +
-                        " (root_rank is a global rank, as in Horovod)");
-      }
-      in_set.root = static_cast<int>(at - set.ranks.begin());
-    }
+    in_set.root = route.root;
     chosen = &in_set;
   }
   const CollectiveOptions& o = *chosen;
   if (PyList_Check(tensors.ptr())) {
-    return SubmitList(*engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs,
+    return SubmitList(engine, kind, py::reinterpret_borrow<py::list>(tensors), names, o, outputs,
                       size);
   }
   if (PyTuple_Check(tensors.ptr())) {
-    return SubmitHost(*engine, kind, tensors, names, o, size);
+    return SubmitHost(engine, kind, tensors, names, o, size);
   }
   Request r = NewRequest(kind, names.cast<std::string>(), o);
   const bool in_place = o.in_place || outputs.is(tensors);
@@ -345,7 +338,7 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
   AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
                 o.dtypes.empty() ? -1 : o.dtypes[0], o.stream >= 0);
   TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits);
-  return EnqueueOne(*engine, o.process_set, std::move(w), std::move(entry));
+  return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 
 // Gives up the GIL only when the collective is still running: most waits

@@ -71,14 +71,26 @@ void RegisterRuntime(py::module_& m) {
         py::arg("dynamic_process_sets") = false);
   // Process sets: (ranks, this rank's rank in the set or -1) of set `id`.
   m.def("process_set_info", [](int32_t id) {
-    Engine::ProcessSetInfo info;
-    Status status = CurrentEngine()->FindProcessSet(id, &info);
+    ProcessSetInfo info;
+    Status status = CurrentEngine()->process_sets().Find(id, &info);
     if (!status.ok()) ThrowStatus(status);
     return py::make_tuple(info.ranks, info.rank);
   });
+  // Raises what a collective called `what` on set `id` (with a broadcast's
+  // root, a job rank) would raise at submission; the TensorFlow adapter
+  // asks while tracing a graph, where the submission comes only later.
+  m.def(
+      "check_process_set_call",
+      [](int32_t id, std::optional<int> root, const std::string& what) {
+        ProcessSetRoute route;
+        Status status = CurrentEngine()->process_sets().Route(id, root, &route);
+        if (!status.ok()) ThrowStatus(status.WithContext(what));
+      },
+      py::arg("id"), py::arg("root"), py::arg("what"));
   m.def("process_sets", [] {
     py::dict sets;
-    for (const auto& info : CurrentEngine()->ProcessSets()) sets[py::int_(info.id)] = info.ranks;
+    for (const auto& info : CurrentEngine()->process_sets().All())
+      sets[py::int_(info.id)] = info.ranks;
     return sets;
   });
   m.def("dynamic_process_sets", [] { return CurrentEngine()->config().dynamic_process_sets; });

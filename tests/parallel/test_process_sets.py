@@ -279,6 +279,20 @@ def test_static_sets_that_differ_between_ranks(rank, size):
         hora.init(process_sets="dynamic")
 
 
+def test_static_set_outside_the_job_names_the_rank(size):
+    hora.barrier()
+    hora.shutdown()
+    try:
+        # As many ranks as the job, but not the job's: not the global set.
+        ranks = list(range(size - 1)) + [size + 3]
+        with pytest.raises(ValueError, match=rf"rank {size + 3} is outside the job's ranks "
+                                             rf"0\.\.{size - 1}"):
+            hora.init(process_sets=[hora.ProcessSet(ranks)])
+    finally:
+        hora.shutdown()
+        hora.init(process_sets="dynamic")
+
+
 def test_sets_from_mpi_communicators(rank, size, two_or_more):
     mpi4py = pytest.importorskip("mpi4py.MPI")
     if os.environ.get("HORA_TEST_FAKE_HOSTS", "0") != "0":

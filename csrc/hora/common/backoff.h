@@ -6,17 +6,18 @@
 // the late peer's own rank would need to catch up.
 #include <time.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 
 namespace hora {
 
-// Set by the engine before each cycle: true while a caller of this process
-// is blocked on a result, when spinning steals nothing from anyone (and
-// blocking MPI calls are the fastest way to wait).
-inline std::atomic<bool>& SpinWhileWaiting() {
-  static std::atomic<bool> spin{false};
+// Set by each engine thread for its own waits before each cycle: true
+// while a caller is blocked on one of that engine's results, when spinning
+// steals nothing from anyone (and blocking MPI calls are the fastest way to
+// wait). Per thread, so that one process set's busy callers never make
+// another set's engine spin.
+inline bool& SpinWhileWaiting() {
+  thread_local bool spin = false;
   return spin;
 }
 
@@ -24,7 +25,7 @@ class Backoff {
  public:
   // Call once per unsuccessful check.
   void Pause() {
-    if (spins_ < kSpinChecks || SpinWhileWaiting().load(std::memory_order_relaxed)) {
+    if (spins_ < kSpinChecks || SpinWhileWaiting()) {
       ++spins_;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();

@@ -119,12 +119,8 @@ Status Engine::Launch(std::unique_ptr<Communicator> comm, const Config& config,
   std::unique_ptr<AllreduceRouter> router;
   HORA_RETURN_IF_ERROR(AllreduceRouter::Create(engine->comm_.get(), settings, &router));
   engine->executor_.SetRouter(std::move(router));
-  engine->allreduce_settings_ = settings;
-  Engine* self = engine.get();
   if (!set) {
-    engine->executor_.SetProcessSetHandler([self](const Response& response, Work* work) {
-      return self->ChangeProcessSets(response, work);
-    });
+    engine->sets_.reset(new ProcessSetTable(engine->comm_.get(), config, &engine->timeline_));
   }
   if (engine->comm_->rank() == 0) {
     HORA_LOG(kDebug) << (set ? DescribeProcessSet(set->id, set->ranks) + ": engine" : "engine")
@@ -172,78 +168,6 @@ Status Engine::Launch(std::unique_ptr<Communicator> comm, const Config& config,
 
 Engine::~Engine() { Shutdown(); }
 
-namespace {
-
-Status NotAMember(int32_t id, const std::vector<int>& ranks, int rank) {
-  return Status::InvalidArgument("this process (rank " + std::to_string(rank) + ") is not in " +
-                                 DescribeProcessSet(id, ranks) +
-                                 "; only its members may call collectives on it");
-}
-
-Status UnknownSet(int32_t id) {
-  return Status::InvalidArgument("there is no process set " + std::to_string(id) +
-                                 " (it was removed, or never added on this process)");
-}
-
-}  // namespace
-
-Status Engine::FindProcessSet(int32_t id, ProcessSetInfo* out) const {
-  out->id = id;
-  if (id == 0) {
-    out->ranks.resize(comm_->size());
-    for (int r = 0; r < comm_->size(); ++r) out->ranks[r] = r;
-    out->rank = comm_->rank();
-    return Status::OK();
-  }
-  std::lock_guard<std::mutex> lock(sets_mutex_);
-  auto it = set_ranks_.find(id);
-  if (it == set_ranks_.end()) return UnknownSet(id);
-  out->ranks = it->second;
-  const auto at = std::find(out->ranks.begin(), out->ranks.end(), comm_->rank());
-  out->rank = at == out->ranks.end() ? -1 : static_cast<int>(at - out->ranks.begin());
-  return Status::OK();
-}
-
-std::vector<Engine::ProcessSetInfo> Engine::ProcessSets() const {
-  std::vector<int32_t> ids{0};
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    for (const auto& item : set_ranks_) ids.push_back(item.first);
-  }
-  std::vector<ProcessSetInfo> sets;
-  for (int32_t id : ids) {
-    ProcessSetInfo info;
-    if (FindProcessSet(id, &info).ok()) sets.push_back(std::move(info));
-  }
-  return sets;
-}
-
-Status Engine::MemberSet(int32_t set, std::shared_ptr<Engine>* out) const {
-  std::lock_guard<std::mutex> lock(sets_mutex_);
-  auto it = member_sets_.find(set);
-  if (it != member_sets_.end()) {
-    *out = it->second;
-    return Status::OK();
-  }
-  auto known = set_ranks_.find(set);
-  return known != set_ranks_.end() ? NotAMember(set, known->second, comm_->rank())
-                                   : UnknownSet(set);
-}
-
-Status Engine::Enqueue(int32_t set, std::vector<TensorEntry> entries) {
-  if (set == 0) return queue_.Add(std::move(entries));
-  std::shared_ptr<Engine> target;
-  HORA_RETURN_IF_ERROR(MemberSet(set, &target));
-  return target->Enqueue(std::move(entries));
-}
-
-Status Engine::EnqueueOne(int32_t set, TensorEntry entry) {
-  if (set == 0) return queue_.AddOne(std::move(entry));
-  std::shared_ptr<Engine> target;
-  HORA_RETURN_IF_ERROR(MemberSet(set, &target));
-  return target->EnqueueOne(std::move(entry));
-}
-
 Status Engine::SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
                                std::shared_ptr<Work>* work) {
   TensorEntry entry;
@@ -269,100 +193,6 @@ Status Engine::RemoveProcessSet(int32_t id, std::shared_ptr<Work>* work) {
   return SubmitSetChange(CollectiveKind::kRemoveProcessSet, {id}, work);
 }
 
-Status Engine::ChangeProcessSets(const Response& response, Work* work) {
-  // A failure that stops the engine still completes the caller's Work
-  // (its entry has left the queue, so stopping would not fail it).
-  Status status = ApplyProcessSetChange(response, work);
-  if (!status.ok()) work->Complete(status);
-  return status;
-}
-
-Status Engine::ApplyProcessSetChange(const Response& response, Work* work) {
-  if (response.kind == CollectiveKind::kRemoveProcessSet) {
-    const int32_t id = response.shape.empty() ? -1 : static_cast<int32_t>(response.shape[0]);
-    if (id == 0) {
-      work->Complete(Status::InvalidArgument(
-          "remove_process_set: the global process set (id 0) cannot be removed"));
-      return Status::OK();
-    }
-    std::shared_ptr<Engine> removed;
-    std::vector<int> ranks;
-    {
-      std::lock_guard<std::mutex> lock(sets_mutex_);
-      auto it = set_ranks_.find(id);
-      if (it == set_ranks_.end()) {
-        work->Complete(UnknownSet(id).WithContext("remove_process_set"));
-        return Status::OK();
-      }
-      ranks = it->second;
-      set_ranks_.erase(it);
-      auto member = member_sets_.find(id);
-      if (member != member_sets_.end()) {
-        removed = member->second;
-        member_sets_.erase(member);
-      }
-    }
-    // Every member stops the set's engine here, at the same point of the
-    // job's order; its pending collectives fail.
-    if (removed) removed->Shutdown();
-    HORA_LOG(kDebug) << "removed " << DescribeProcessSet(id, ranks);
-    work->Complete(Status::OK());
-    return Status::OK();
-  }
-
-  std::vector<int> ranks(response.shape.begin(), response.shape.end());
-  const std::string invalid = InvalidProcessSetRanks(ranks, comm_->size());
-  if (!invalid.empty()) {
-    work->Complete(Status::InvalidArgument("add_process_set: " + invalid));
-    return Status::OK();
-  }
-  std::sort(ranks.begin(), ranks.end());
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    int32_t existing = static_cast<int>(ranks.size()) == comm_->size() ? 0 : -1;
-    for (const auto& item : set_ranks_) {
-      if (item.second == ranks) existing = item.first;
-    }
-    if (existing >= 0) {
-      work->Complete(
-          Status::InvalidArgument("add_process_set: " + DescribeProcessSet(existing, ranks) +
-                                  " has the same ranks; a set may exist only once"));
-      return Status::OK();
-    }
-  }
-  if (!comm_->ConcurrentCalls()) {
-    work->Complete(Status::InvalidArgument(
-        "add_process_set: each process set runs its own engine thread, which needs MPI "
-        "initialized with MPI_THREAD_MULTIPLE (hora asks for it when it initializes MPI; "
-        "initialize MPI yourself with MPI_THREAD_MULTIPLE otherwise)"));
-    return Status::OK();
-  }
-  const int32_t id = next_set_id_++;
-  std::unique_ptr<Communicator> sub;
-  HORA_RETURN_IF_ERROR(comm_->Split(ranks, &sub).WithContext("add_process_set"));
-  std::shared_ptr<Engine> set;
-  if (sub) {
-    ProcessSetEngineOptions options;
-    options.id = id;
-    options.ranks = ranks;
-    options.timeline = &timeline_;
-    options.parameters = parameters();
-    std::unique_ptr<Engine> started;
-    HORA_RETURN_IF_ERROR(
-        StartProcessSet(std::move(sub), config_, options, &started).WithContext("add_process_set"));
-    set = std::move(started);
-  }
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    set_ranks_[id] = ranks;
-    if (set) member_sets_[id] = set;
-  }
-  HORA_LOG(kDebug) << "added " << DescribeProcessSet(id, ranks);
-  work->process_set_id = id;
-  work->Complete(Status::OK());
-  return Status::OK();
-}
-
 Status Engine::Join(std::shared_ptr<Work>* work) {
   std::lock_guard<std::mutex> lock(join_mutex_);
   if (join_work_) return Status::InvalidArgument("join() is already in progress on this rank");
@@ -371,6 +201,7 @@ Status Engine::Join(std::shared_ptr<Work>* work) {
     if (stopped_) return Status::Shutdown("hora has been shut down");
   }
   join_work_ = std::make_shared<Work>();
+  join_work_->SetActivity(queue_.shared_activity());
   *work = join_work_;
   join_requested_ = true;
   wakeup_->NotifyLocal();
@@ -390,13 +221,7 @@ void Engine::Shutdown() {
   Stop(Status::Shutdown(set_gone_.empty() ? "hora has been shut down on this rank" : set_gone_));
   timeline_.Stop();
   // This rank's process sets stop with the job (each tells its members).
-  std::map<int32_t, std::shared_ptr<Engine>> sets;
-  {
-    std::lock_guard<std::mutex> lock(sets_mutex_);
-    sets.swap(member_sets_);
-    set_ranks_.clear();
-  }
-  for (auto& item : sets) item.second->Shutdown();
+  if (sets_) sets_->Clear();
 }
 
 bool Engine::JobBroken() { return g_job_broken.load(); }
@@ -560,9 +385,12 @@ bool Engine::RunOneCycle(bool* go_idle) {
   CycleResult result;
   EngineParameters next;
   if (autotuner_ && autotuner_->Next(now, &next)) controller_.Announce(next);
-  const bool waiting = Work::Waiters() > 0;
-  SpinWhileWaiting().store(waiting && g_spin_waits_allowed.load(std::memory_order_relaxed),
-                           std::memory_order_relaxed);
+  // Only this engine's callers count: a caller blocked on another process
+  // set's collective must not keep this engine cycling.
+  const bool waiting = queue_.activity().waiters.load(std::memory_order_relaxed) > 0;
+  const bool spin = waiting && g_spin_waits_allowed.load(std::memory_order_relaxed);
+  SpinWhileWaiting() = spin;
+  queue_.activity().spinning.store(spin, std::memory_order_relaxed);
   // A hot cycle follows one in which some caller was waiting: the peers
   // are right behind, so blocking calls are fastest. Every rank knows
   // whether this cycle is hot, and (after negotiating) whether anyone waits.
@@ -576,10 +404,23 @@ bool Engine::RunOneCycle(bool* go_idle) {
       if (autotuner_) autotuner_->Started(negotiated);
     }
     comm_->SetBlockingCollectives(result.waiting);
-    status = executor_.Run(result.responses, negotiated);
+    status = executor_.Run(result.responses, negotiated, &pending_set_changes_);
     const int64_t bytes = executor_.TakeAllreducedBytes();
     if (autotuner_) autotuner_->Record(bytes, negotiated);
   }
+  // Set changes run after the cycle's collectives, at the same point of
+  // the job's order on every rank.
+  for (Executor::SetChange& change : pending_set_changes_) {
+    if (!status.ok()) {
+      change.work->Complete(status);
+    } else if (!sets_) {
+      status = Status::Internal("a process set's engine got a process-set change");
+      change.work->Complete(status);
+    } else {
+      status = sets_->Apply(change.response, parameters(), change.work.get());
+    }
+  }
+  pending_set_changes_.clear();
   ++stats_.cycles;
   if (!result.responses.empty()) ++stats_.working_cycles;
   timeline_.Cycle(static_cast<int64_t>(stats_.cycles), result.responses.size());

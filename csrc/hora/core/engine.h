@@ -9,7 +9,6 @@
 // exactly one also keeps every MPI call on a single thread.
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "hora/core/controller.h"
 #include "hora/core/executor.h"
 #include "hora/core/process_set.h"
+#include "hora/core/process_set_table.h"
 #include "hora/core/tensor_queue.h"
 #include "hora/core/timeline.h"
 
@@ -48,23 +48,14 @@ class Engine {
                                 std::unique_ptr<Engine>* out);
   ~Engine();
 
+  // Into this engine's queue; a collective on a process set goes to the
+  // engine that process_sets().Route() names, with the set's ranks
+  // (broadcast roots, alltoall splits).
   Status Enqueue(std::vector<TensorEntry> entries) { return queue_.Add(std::move(entries)); }
   Status EnqueueOne(TensorEntry entry) { return queue_.AddOne(std::move(entry)); }
-  // The same into process set `set` (0 is the global set); the requests'
-  // ranks (broadcast roots, alltoall splits) are the set's.
-  Status Enqueue(int32_t set, std::vector<TensorEntry> entries);
-  Status EnqueueOne(int32_t set, TensorEntry entry);
 
-  // Process sets as every rank knows them. `rank` is this rank's rank in
-  // the set, -1 when it is not a member.
-  struct ProcessSetInfo {
-    int32_t id = 0;
-    std::vector<int> ranks;
-    int rank = -1;
-  };
-  // NotFound-style InvalidArgument naming the id when there is no such set.
-  Status FindProcessSet(int32_t id, ProcessSetInfo* out) const;
-  std::vector<ProcessSetInfo> ProcessSets() const;
+  // The job's process sets (the job's engine only; a set's engine has none).
+  const ProcessSetTable& process_sets() const { return *sets_; }
   // Adds a set of these (global) ranks, or removes set `id`: collective over
   // the job, called by every rank in the same order. The Work completes
   // once every rank has made the change (process_set_id holds a new set's
@@ -117,11 +108,6 @@ class Engine {
   bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
   void Apply(const EngineParameters& parameters);
-  // Engine thread: runs an add/remove-process-set response.
-  // The engine of set `set` (this rank a member), or the error naming why not.
-  Status MemberSet(int32_t set, std::shared_ptr<Engine>* out) const;
-  Status ChangeProcessSets(const Response& response, Work* work);
-  Status ApplyProcessSetChange(const Response& response, Work* work);
   Status SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
                          std::shared_ptr<Work>* work);
 
@@ -154,15 +140,11 @@ class Engine {
   int pending_starts_ = 0;  // other ranks: cycles rank 0 has started
   int pending_wants_ = 0;   // rank 0: cycles other ranks asked for
 
-  // Process sets other than the global one. Caller threads read the table;
-  // it changes only on the engine thread, at the same point of the global
-  // order on every rank.
-  mutable std::mutex sets_mutex_;
-  std::map<int32_t, std::vector<int>> set_ranks_;           // every set but 0
-  std::map<int32_t, std::shared_ptr<Engine>> member_sets_;  // those this rank is in
-  int32_t next_set_id_ = 1;                                 // engine thread
-  std::atomic<uint64_t> set_changes_{0};  // add/remove calls on this rank: their names
-  AllreduceSettings allreduce_settings_;
+  // The job's engine: the process sets, changed by this thread between
+  // cycles; add/remove calls on this rank (their names).
+  std::unique_ptr<ProcessSetTable> sets_;
+  std::atomic<uint64_t> set_changes_{0};
+  std::vector<Executor::SetChange> pending_set_changes_;  // engine thread
 
   std::mutex join_mutex_;
   std::shared_ptr<Work> join_work_;

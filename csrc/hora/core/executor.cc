@@ -69,7 +69,8 @@ Status CatchOutOfMemory(int rank, Body&& body) {
 
 }  // namespace
 
-Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided) {
+Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided,
+                     std::vector<SetChange>* set_changes) {
   size_t i = 0;
   while (i < responses.size()) {
     const Response& r = responses[i];
@@ -92,8 +93,7 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
                               " '" + r.name + "'");
     }
     if (r.kind == CollectiveKind::kAddProcessSet || r.kind == CollectiveKind::kRemoveProcessSet) {
-      if (!process_sets_) return Status::Internal("process sets are not handled here");
-      HORA_RETURN_IF_ERROR(process_sets_(r, entry.work.get()));
+      set_changes->push_back({r, std::move(entry.work)});
       ++i;
       continue;
     }

@@ -3,7 +3,6 @@
 // adjacent compatible allreduces into one batch, works out each
 // collective's CollectivePlan, hands the bytes to the allreduce router, the
 // communicator or the GPU executor, and completes each caller's Work.
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,11 +37,14 @@ class Executor : private CollectivePath {
   // A transport failure is returned after failing the affected Works; the
   // engine then stops. `decided` is when the cycle's negotiation ended (the
   // timeline's QUEUE phase runs from there to each collective's start).
-  Status Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided);
-  // Runs add/remove-process-set responses (the engine owns the sets). It
-  // completes the Work itself; a returned error stops the engine.
-  using ProcessSetHandler = std::function<Status(const Response&, Work*)>;
-  void SetProcessSetHandler(ProcessSetHandler handler) { process_sets_ = std::move(handler); }
+  // Add/remove-process-set responses are not run here: they come back in
+  // `set_changes`, in order, with their Works, for the process-set table.
+  struct SetChange {
+    Response response;
+    std::shared_ptr<Work> work;
+  };
+  Status Run(const std::vector<Response>& responses, Timeline::Clock::time_point decided,
+             std::vector<SetChange>* set_changes);
   // The allreduce algorithms; set once before the first Run.
   void SetRouter(std::unique_ptr<AllreduceRouter> router) { router_ = std::move(router); }
   const AllreduceRouter* router() const { return router_.get(); }
@@ -92,7 +94,6 @@ class Executor : private CollectivePath {
   std::vector<Piece> pieces_;
   Timeline* timeline_;
   int64_t allreduced_bytes_ = 0;
-  ProcessSetHandler process_sets_;
   // Set by a collective that went through but failed this rank's own call
   // (an allgather output of the wrong size): the Work fails, the engine
   // goes on.

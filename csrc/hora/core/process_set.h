@@ -6,8 +6,8 @@
 // cache, coordinator, stall inspector on the set's first rank), executor
 // (fusion, the allreduce router with its shared-memory and ring paths),
 // wake-up channel and thread, so that a set's collectives never wait for
-// another set's. The job's engine (set 0) owns the table and the sets'
-// engines; this file holds what the two share.
+// another set's. The job's engine (set 0) owns the table of sets and
+// their engines (process_set_table.h); this file holds the words both use.
 #include <cstdint>
 #include <string>
 #include <vector>

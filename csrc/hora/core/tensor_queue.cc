@@ -21,6 +21,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   requests.reserve(entries.size());
   std::unordered_set<std::string> names;
   for (TensorEntry& e : entries) {
+    if (e.work) e.work->SetActivity(activity_);
     requests.push_back(std::move(e.request));
     const std::string& name = requests.back().name;
     if (entries.size() > 1 && !names.insert(name).second) return InFlight(name);
@@ -55,6 +56,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
 Status TensorQueue::AddOne(TensorEntry entry) {
   // The request moves to the engine; the entry keeps only what running the
   // collective needs. The map key is made outside the lock.
+  if (entry.work) entry.work->SetActivity(activity_);
   Request request = std::move(entry.request);
   std::string key = request.name;
   bool first_new = false;

@@ -36,7 +36,12 @@ struct TensorEntry {
 
 class TensorQueue {
  public:
-  explicit TensorQueue(std::function<void()> on_new_work) : on_new_work_(std::move(on_new_work)) {}
+  explicit TensorQueue(std::function<void()> on_new_work)
+      : on_new_work_(std::move(on_new_work)), activity_(std::make_shared<WaitActivity>()) {}
+
+  // The waiters of this queue's Works (every Work added gets it).
+  WaitActivity& activity() const { return *activity_; }
+  const std::shared_ptr<WaitActivity>& shared_activity() const { return activity_; }
 
   // Adds all entries or none (a group must not be half-submitted). Fails
   // with InvalidArgument if a name is already in flight or repeated. Calls
@@ -70,6 +75,7 @@ class TensorQueue {
   std::atomic<bool> has_new_{false};  // !new_requests_.empty(), written under mutex_
   std::atomic<size_t> in_flight_{0};  // entries_.size(), written under mutex_
   std::function<void()> on_new_work_;
+  std::shared_ptr<WaitActivity> activity_;
   bool closed_ = false;
   Status closed_status_;
   // Engine thread only: the room TakeNewRequests leaves for the next burst.

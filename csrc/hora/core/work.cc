@@ -2,16 +2,26 @@
 
 #include <sched.h>
 
-#include <atomic>
-
-#include "hora/common/backoff.h"
-
 namespace hora {
 namespace {
-std::atomic<int> g_waiters{0};
-}  // namespace
 
-int Work::Waiters() { return g_waiters.load(std::memory_order_relaxed); }
+// Counts the calling thread as a waiter of the Work's engine while alive.
+class Waiting {
+ public:
+  explicit Waiting(WaitActivity* activity) : activity_(activity) {
+    if (activity_) activity_->waiters.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Waiting() {
+    if (activity_) activity_->waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+  Waiting(const Waiting&) = delete;
+  Waiting& operator=(const Waiting&) = delete;
+
+ private:
+  WaitActivity* activity_;
+};
+
+}  // namespace
 
 void Work::Complete(const Status& status) {
   MarkDone(status);
@@ -30,9 +40,8 @@ void Work::Notify() { done_cv_.notify_all(); }
 Status Work::Wait() {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_) {
-    g_waiters.fetch_add(1, std::memory_order_relaxed);
+    Waiting waiting(activity_.get());
     done_cv_.wait(lock, [this] { return done_; });
-    g_waiters.fetch_sub(1, std::memory_order_relaxed);
   }
   return status_;
 }
@@ -40,9 +49,10 @@ Status Work::Wait() {
 bool Work::WaitFor(std::chrono::milliseconds timeout, Status* status) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_) {
-    g_waiters.fetch_add(1, std::memory_order_relaxed);
-    done_cv_.wait_for(lock, timeout, [this] { return done_; });
-    g_waiters.fetch_sub(1, std::memory_order_relaxed);
+    {
+      Waiting waiting(activity_.get());
+      done_cv_.wait_for(lock, timeout, [this] { return done_; });
+    }
     if (!done_) return false;
   }
   *status = status_;
@@ -50,15 +60,14 @@ bool Work::WaitFor(std::chrono::milliseconds timeout, Status* status) {
 }
 
 bool Work::YieldUntilDone(std::chrono::microseconds limit) {
-  if (!SpinWhileWaiting().load(std::memory_order_relaxed)) return Poll();
-  g_waiters.fetch_add(1, std::memory_order_relaxed);
+  if (!activity_ || !activity_->spinning.load(std::memory_order_relaxed)) return Poll();
+  Waiting waiting(activity_.get());
   const auto end = std::chrono::steady_clock::now() + limit;
   bool done = Poll();
   while (!done && std::chrono::steady_clock::now() < end) {
     sched_yield();
     done = Poll();
   }
-  g_waiters.fetch_sub(1, std::memory_order_relaxed);
   return done;
 }
 

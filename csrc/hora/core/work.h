@@ -2,6 +2,7 @@
 // A Work is the caller's handle on one submitted collective. The engine
 // completes it exactly once, with OK or the Status that explains the
 // failure; Wait() gives that Status back on the caller's thread.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -12,6 +13,15 @@
 #include "hora/core/tensor.h"
 
 namespace hora {
+
+// Who is blocked on one engine's collectives, and whether that engine is
+// cycling back to back. Each engine (the job's, and one per process set)
+// has its own, shared with the Works of its queue: a caller waiting on one
+// set keeps only that set's engine hot, never another set's.
+struct WaitActivity {
+  std::atomic<int> waiters{0};
+  std::atomic<bool> spinning{false};
+};
 
 class Work {
  public:
@@ -31,15 +41,15 @@ class Work {
   bool WaitFor(std::chrono::milliseconds timeout, Status* status);
   bool Poll() const;
   // Yields the core until done, for at most `limit`; true once done. While
-  // the engine is cycling back to back (SpinWhileWaiting()), a result is
+  // the engine is cycling back to back (WaitActivity::spinning), a result is
   // microseconds away and usually computed on this very core: yielding
   // hands the core to the engine and takes it back without the futex wait
   // and wake of Wait(), two system calls on the round trip. Returns false
   // at once when the engine is not cycling. Counts as a waiter meanwhile.
   bool YieldUntilDone(std::chrono::microseconds limit);
-  // How many threads of this process are blocked in Wait() right now; the
-  // engine keeps cycling back to back only while someone is waiting.
-  static int Waiters();
+  // The engine this Work was queued on counts its waiters here (set by the
+  // queue before the caller sees the Work); a Work never queued has none.
+  void SetActivity(std::shared_ptr<WaitActivity> activity) { activity_ = std::move(activity); }
 
   // Outputs the engine fills in before Complete() for collectives whose
   // output size is decided by negotiation.
@@ -55,6 +65,7 @@ class Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   Status status_;
+  std::shared_ptr<WaitActivity> activity_;
 };
 
 }  // namespace hora

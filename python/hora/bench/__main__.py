@@ -254,28 +254,6 @@ def run_fusion(args, comm):
     return rows
 
 
-def run_idle(args, comm):
-    # hora and the alternatives with a background thread of their own (the
-    # others cost nothing between calls), one at a time: what is measured is
-    # the whole process's CPU time
-    known = implementations.KNOWN
-    names = [n for n in args.compare if n not in known or getattr(known[n], "background", False)]
-    rows = []
-    for impl in implementations.load(["hora"] + names, log):
-        with implementations.started([impl]):
-            impl.allreduce(np.zeros(1, np.float32))
-            comm.Barrier()
-            wall, cpu = time.perf_counter(), time.process_time()
-            time.sleep(args.seconds)
-            share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100
-            shares = comm.gather(share, root=0)
-            for rank, value in enumerate(shares or []):
-                rows.append({"impl": impl.name, "rank": rank, "idle_cpu_percent": value})
-                log(f"  {impl.name:>8}  rank {rank}: {value:.2f}% of a core while idle "
-                    f"({args.seconds:.0f} s, whole process)")
-    return rows
-
-
 def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -336,7 +314,8 @@ def build_parser():
     parser.add_argument("--busy-set", metavar="RANKS",
                         help="with --process-set: these other ranks, in a set of their own, "
                              "run large allreduces all the while (does the measured set wait "
-                             "for their traffic?)")
+                             "for their traffic?); idle: these ranks, in a set, run small "
+                             "allreduces while every rank's CPU is measured")
     parser.add_argument("--busy-bytes", type=int, default=16 << 20,
                         help="--busy-set: bytes of each of its allreduces (default 16 MiB)")
     parser.add_argument("--json", help="write the results to this file")
@@ -375,7 +354,7 @@ def main(argv=None):
     args.collective = args.benchmark
 
     world = MPI.COMM_WORLD
-    dynamic = bool(args.process_set or args.idle_set)
+    dynamic = bool(args.process_set or args.idle_set or args.busy_set)
     hora.init(process_sets="dynamic" if dynamic else None)
     comm = world
     if args.idle_set:
@@ -384,8 +363,10 @@ def main(argv=None):
         args.idle_set = parse_ranks(args.idle_set, "--idle-set", world.Get_size())
     if args.process_set and args.benchmark in ("autotune", "idle"):
         raise SystemExit("--process-set applies to the size sweeps, latency and fusion")
-    if args.busy_set and not args.process_set:
-        raise SystemExit("--busy-set goes with --process-set (the ranks that measure)")
+    if args.busy_set and not args.process_set and args.benchmark != "idle":
+        raise SystemExit("--busy-set goes with --process-set (the ranks that measure) or idle")
+    if args.busy_set and args.benchmark == "idle":
+        args.busy_set = parse_ranks(args.busy_set, "--busy-set", world.Get_size())
     if args.process_set:
         global LOG_RANK
         ranks = parse_ranks(args.process_set, "--process-set", world.Get_size())
@@ -428,8 +409,9 @@ def main(argv=None):
         args.seconds = args.seconds or 3.0
         rows = autotune.run(args, comm, log)
     elif args.benchmark == "idle":
+        from hora.bench import idle
         args.seconds = args.seconds or 5.0
-        rows = run_idle(args, comm)
+        rows = idle.run(args, comm, log)
     else:
         rows = run_sweep(args, comm)
     if args.process_set:

@@ -165,9 +165,14 @@ def setup_at_init(process_sets: Sequence[ProcessSet]) -> None:
     else:
         comm_sets = []
     seen: dict[tuple[int, ...], ProcessSet] = {}
+    size = _C.size()
     for ps in by_ranks:
         key = tuple(ps.ranks)
-        if key in seen or len(key) == _C.size():
+        outside = [r for r in key if r >= size]
+        if outside:  # the core's words (ranks are sorted and not negative)
+            raise ValueError(f"init(process_sets=...): {ps}: rank {outside[0]} is outside the "
+                             f"job's ranks 0..{size - 1}")
+        if key in seen or key == tuple(range(size)):
             raise ValueError(f"init(process_sets=...): {ps} is a duplicate of "
                              f"{seen.get(key, global_process_set)}")
         _register(ps)

@@ -59,27 +59,25 @@ def _scale_args(prescale_factor, postscale_factor):
     return float(prescale_factor), float(postscale_factor)
 
 
-def _describe_set(process_set):
-    ranks = process_set.ranks or []
-    listed = ", ".join(str(r) for r in ranks)
-    return (f"process set {process_set.process_set_id} "
-            f"(rank{'' if len(ranks) == 1 else 's'} {listed})")
-
-
 def _checked_set(process_set, what):
     """``process_set`` (a registered :class:`hora.ProcessSet`; None is the
     global set) for a collective called ``what``. Building a graph, a
     process outside the set is refused here, when the function is traced
-    (``tf.errors.InvalidArgumentError``, also a ``ValueError``); eagerly the
-    core refuses it with the same classes, naming the tensor."""
+    (``tf.errors.InvalidArgumentError``, also a ``ValueError``), with the
+    core's own words; eagerly the core refuses it at submission."""
     if process_set is None or process_set is global_process_set:
         return global_process_set
-    process_set_id(process_set, what)  # TypeError / ValueError for a bad or unregistered set
-    if not tf.executing_eagerly() and set_rank(process_set) < 0:
-        raise as_tf_error(HoraInvalidArgumentError(
-            f"{what}: this process (rank {rank()}) is not in {_describe_set(process_set)}; "
-            f"only its members may call collectives on it"))
+    ident = process_set_id(process_set, what)  # refuses a bad or unregistered set
+    if not tf.executing_eagerly():
+        _check_call(ident, None, what)
     return process_set
+
+
+def _check_call(ident, root_rank, what):
+    try:
+        _C.check_process_set_call(ident, root_rank, what)
+    except HoraInvalidArgumentError as error:
+        raise as_tf_error(error) from None
 
 
 # --- allreduce ---------------------------------------------------------------
@@ -305,11 +303,9 @@ def _broadcast_now(tensors, root_rank, names, ps=global_process_set):
 
 def _check_root_in_set(root_rank, ps, what):
     """Refuses a root outside the set at the call (when traced, in a graph),
-    with the classes the core's own check raises eagerly."""
-    if ps is not global_process_set and ps.ranks and root_rank not in ps.ranks:
-        raise as_tf_error(HoraInvalidArgumentError(
-            f"{what}: root rank {root_rank} is not in {_describe_set(ps)} "
-            f"(root_rank is a global rank, as in Horovod)"))
+    with the classes and words of the core's own check, which runs eagerly."""
+    if ps is not global_process_set and isinstance(root_rank, int):
+        _check_call(ps.process_set_id, root_rank, what)
 
 
 def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,

@@ -155,6 +155,21 @@ Status LocalCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<C
   std::unique_ptr<LocalCommunicator> sub(
       new LocalCommunicator(world_->SubWorld(sequence, t.size), t));
   sub->world_->timeout = world_->timeout;
+  // A set is one pretend host, as an MPI split on one host is: its local
+  // part has every member (a world of its own, so that its messages never
+  // meet the set's), its cross part only this rank.
+  Topology local_t = t;
+  local_t.cross_rank = 0;
+  local_t.cross_size = 1;
+  sub->local_.reset(
+      new LocalCommunicator(world_->SubWorld(sequence | kLocalPart, t.size), local_t));
+  sub->local_->world_->timeout = world_->timeout;
+  Topology cross_t = t;
+  cross_t.rank = 0;
+  cross_t.size = 1;
+  cross_t.local_rank = 0;
+  cross_t.local_size = 1;
+  sub->cross_.reset(new LocalCommunicator(std::make_shared<LocalWorld>(1), cross_t));
   *out = std::move(sub);
   return Status::OK();
 }

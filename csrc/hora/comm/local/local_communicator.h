@@ -115,6 +115,8 @@ class LocalCommunicator : public Communicator {
   Status CompleteSend(std::map<int, PostedSend>::iterator send);
   int next_id_ = 0;
   uint64_t splits_ = 0;  // Split calls so far (the same count on every rank)
+  // Marks a split's local part among the sub-worlds (Split's sequence keys them).
+  static constexpr uint64_t kLocalPart = uint64_t{1} << 63;
 };
 
 }  // namespace hora
