@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The style checks the test command runs: ruff on the Python code and
-# clang-format (the versions pinned in the "test" extra) on the C++ code.
+# The style checks the test command runs: ruff on the Python code,
+# clang-format (the versions pinned in the "test" extra) on the C++ code,
+# and no import cycles among hora's Python modules.
 # Fix what they report with `ruff check --fix` and `clang-format -i FILE`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +11,4 @@ mapfile -t cpp < <(git ls-files --cached --others --exclude-standard \
   'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu' 'tests/cpp/*.cc' 'tests/cpp/*.h')
 "$bin/clang-format" --dry-run --Werror --style=file "${cpp[@]}"
 echo "style: ruff and clang-format found nothing (${#cpp[@]} C++ files)"
+"$bin/python" scripts/check_import_cycles.py

@@ -1,10 +1,13 @@
 #pragma once
-// The transport contract. The engine and the algorithms talk only to this
-// interface; each backend (mpi/ now, nccl/ and shm/ later) lives in its own
-// folder and is the only code that knows its transport.
+// The transport contract for host memory. The engine and the algorithms
+// talk only to this interface. Its implementations are MPI (mpi/) and, for
+// tests, ranks as threads of one process (local/). The other folders of
+// comm/ hold what the engine uses beside it: NCCL communicators for GPU
+// memory (nccl/), a shared-memory segment for one host's ranks (shm/) and
+// the wake-up channel (wakeup/).
 //
 // All calls are collective over the communicator's ranks and are made from
-// the engine thread only. Reductions here cover the natively supported
+// an engine thread only (the job's, or a process set's over its own split). Reductions here cover the natively supported
 // element types; float16/bfloat16 are widened to float32 by the caller.
 #include <cstdint>
 #include <memory>

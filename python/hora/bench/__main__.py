@@ -62,10 +62,6 @@ BUS_FACTORS = {
 }
 
 
-# One colour per implementation, the same in every plot.
-PLOT_COLORS = {"hora": "tab:blue", "mpi": "tab:green", "gloo": "tab:purple", "horovod": "tab:red"}
-
-
 # The world rank that prints: the first rank of the measured ranks.
 LOG_RANK = 0
 
@@ -255,22 +251,11 @@ def run_fusion(args, comm):
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for impl in sorted({r["impl"] for r in rows}):
-        points = [(r["size"], r["busbw"]) for r in rows if r["impl"] == impl]
-        axis.plot(*zip(*points), marker="o", label=impl, color=PLOT_COLORS.get(impl),
-                  linewidth=2.5 if impl == "hora" else 1.5)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("bytes per rank")
-    axis.set_ylabel("bus bandwidth (GB/s)")
-    axis.set_title(f"{rows[0]['collective']}, {rows[0]['ranks']} ranks, float32")
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    from hora.bench.plotting import busbw_plot
+    series = {}
+    for r in rows:
+        series.setdefault(r["impl"], []).append((r["size"], r["busbw"]))
+    busbw_plot(series, f"{rows[0]['collective']}, {rows[0]['ranks']} ranks, float32", path)
 
 
 def build_parser():

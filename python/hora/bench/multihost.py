@@ -140,33 +140,16 @@ def report(summary, args, link_bytes, goodput):
 
 
 def plot(summary, args, link_bytes, goodput, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hora.bench.__main__ import PLOT_COLORS
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    names = sorted({name for entry in summary for name in entry["impls"]})
-    for name in names:
-        points = [(entry["size"], entry["impls"][name]["busbw"]) for entry in summary
-                  if name in entry["impls"]]
-        axis.plot(*zip(*points), marker="o", label=name, color=PLOT_COLORS.get(name),
-                  linewidth=2.5 if name == "hora" else 1.5)
-    axis.axhline(link_bytes / 1e9, color="black", linestyle="--", linewidth=1,
-                 label=f"link rate ({args.rate})")
+    from hora.bench.plotting import busbw_plot
+    series = {}
+    for entry in summary:
+        for name, impl in entry["impls"].items():
+            series.setdefault(name, []).append((entry["size"], impl["busbw"]))
+    lines = [(link_bytes / 1e9, f"link rate ({args.rate})", "--", "black")]
     if goodput:
-        axis.axhline(goodput / 1e9, color="gray", linestyle=":", linewidth=1,
-                     label="TCP goodput")
-    axis.set_xscale("log", base=2)
-    axis.set_ylim(bottom=0)
-    axis.set_xlabel("bytes per rank")
-    axis.set_ylabel("bus bandwidth (GB/s)")
-    axis.set_title(f"allreduce, {args.hosts} hosts x {args.ranks_per_host} rank(s), "
-                   f"{args.rate} links")
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+        lines.append((goodput / 1e9, "TCP goodput", ":", "gray"))
+    busbw_plot(series, f"allreduce, {args.hosts} hosts x {args.ranks_per_host} rank(s), "
+                       f"{args.rate} links", path, lines)
 
 
 def run(args):

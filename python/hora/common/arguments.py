@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from hora.common.basics import Average, ReduceOp, Sum
+from hora.common.reduce_op import Average, ReduceOp, Sum
 from hora.common.exceptions import HoraTypeError
 
 # ReduceOp members hash and compare like their values, so one lookup takes

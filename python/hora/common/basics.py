@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import enum
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,24 +11,10 @@ from hora._loader import _C
 from hora.common import call_site
 
 
-class ReduceOp(enum.IntEnum):
-    """Reduction operations. The values match Horovod's (the core defines
-    them; ``_C.REDUCE_OPS``)."""
-
-    Average = _C.REDUCE_OPS["Average"]
-    Sum = _C.REDUCE_OPS["Sum"]
-    Adasum = _C.REDUCE_OPS["Adasum"]
-    Min = _C.REDUCE_OPS["Min"]
-    Max = _C.REDUCE_OPS["Max"]
-    Product = _C.REDUCE_OPS["Product"]
-
-
-Average = ReduceOp.Average
-Sum = ReduceOp.Sum
-Adasum = ReduceOp.Adasum
-Min = ReduceOp.Min
-Max = ReduceOp.Max
-Product = ReduceOp.Product
+# Re-exported: hora.Sum and friends live here for Horovod's users.
+from hora.common.reduce_op import (  # noqa: E402, F401
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum,
+)
 
 
 def _comm_arguments(comm: Any) -> tuple[int | None, list[int] | None]:
@@ -63,6 +48,7 @@ def init(comm: Any | Iterable[int] | None = None,
     malformed ``HORA_*`` setting, :class:`HoraInternalError` when MPI or the
     ranks' connections cannot be set up.
     """
+    from hora.common import process_set_setup
     from hora.common import process_sets as sets
     dynamic = False
     if isinstance(process_sets, str):
@@ -80,7 +66,7 @@ def init(comm: Any | Iterable[int] | None = None,
     _C.init(handle, ranks, dynamic)
     call_site.refresh()
     if not running:
-        sets.setup_at_init(process_sets)
+        process_set_setup.setup_at_init(process_sets)
 
 
 def shutdown() -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
+from hora._loader import _C
 from hora.common._adapter import submission
 from hora.common._adapter.handles import Handle, OneHandle, poll, synchronize
 from hora.common._adapter.naming import auto_name, check_name, group_names
@@ -23,7 +24,7 @@ from hora.common._adapter.submission import (
     KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BARRIER, KIND_BROADCAST,
     KIND_REDUCESCATTER, submit_arrays)
 from hora.common.arguments import op_value
-from hora.common.basics import ReduceOp, rank
+from hora.common.reduce_op import ReduceOp
 from hora.common.process_sets import ProcessSet, global_process_set, process_set_id
 
 __all__ = [
@@ -313,7 +314,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Returns ``root_rank``'s picklable ``obj`` on every rank."""
     name = check_name(name, "broadcast_object", process_set_id(process_set))
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if rank() == root_rank else None
+    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if _C.rank() == root_rank else None
     length = np.array([0 if payload is None else payload.size], np.int64)
     broadcast_(length, root_rank, name + ".length", process_set=process_set)
     if payload is None:
@@ -321,7 +322,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     else:
         payload = payload.copy()
     broadcast_(payload, root_rank, name + ".data", process_set=process_set)
-    return obj if rank() == root_rank else pickle.loads(payload.tobytes())
+    return obj if _C.rank() == root_rank else pickle.loads(payload.tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None,

@@ -31,7 +31,8 @@ import torch
 
 from hora.common.shard_layout import ShardLayout
 from hora.torch.mpi_ops import allgather
-from hora.torch.functions import allgather_object
+from hora.common.ops import allgather_object
+from hora.torch._collectives import set_object
 
 FORMAT = "hora-sharded-optimizer-state v1"
 # State entries of a one-element parameter that are scalars, not per-element
@@ -64,8 +65,7 @@ def _state_of_parameters(optimizer: Any, state: dict[Any, Any]):
 
 
 def _base(optimizer: Any) -> Any:
-    from hora.torch.sharded_optimizer import _ShardedOptimizer
-    return super(_ShardedOptimizer, optimizer)
+    return optimizer._torch_optimizer()
 
 
 def _piece_state(optimizer: Any) -> dict[int, tuple[Any, dict[str, Any]]]:
@@ -95,7 +95,7 @@ def full_state_dict(optimizer: Any) -> dict[str, Any]:
                   else value)
             for key, value in state.items()}
     everyone = allgather_object(described, name="hora.sharding.state_dict.entries",
-                                process_set=process_set)
+                                process_set=set_object(process_set))
     entries: dict[int, dict[str, Any]] = {}
     for ranks_entries in everyone:
         for position, keys in ranks_entries.items():

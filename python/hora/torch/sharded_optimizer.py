@@ -597,6 +597,11 @@ class _ShardedOptimizer(SynchronizeSwitch):
 
     # checkpoints (hora.torch.sharded_checkpoint)
 
+    def _torch_optimizer(self) -> Any:
+        """The wrapped optimizer class's own methods (torch's state_dict
+        and load_state_dict), past this class's."""
+        return super()
+
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state, in torch's own format, on every rank:
         collective (every rank of the optimizer's process set calls it);

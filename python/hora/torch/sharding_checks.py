@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from hora.common.shard_layout import ShardLayout
-from hora.torch._collectives import global_process_set
+from hora.common.ops import allgather_object
+from hora.torch._collectives import global_process_set, set_object
 
 STAGES = {"optimizer_state": 1, "gradients": 2, "parameters": 3}
 
@@ -107,10 +108,9 @@ def check_replicas(layout: ShardLayout, rank: int, process_set: Any, replicas: A
     """Collective over ``replicas``: its ranks must hold the same shard of
     the same layout (the same position in sets of the same size), else
     ``ValueError`` on each of them naming the ranks that differ."""
-    from hora.torch.functions import allgather_object
     mine = (rank, layout.size, layout.fingerprint())
     everyone = allgather_object(mine, name="DistributedOptimizer.sharding.replicas",
-                                process_set=replicas)
+                                process_set=set_object(replicas))
     if any(theirs != everyone[0] for theirs in everyone):
         described = ", ".join(f"rank {r}: shard {s[0]} of {s[1]} (layout {s[2]})"
                               for r, s in zip(replicas.ranks, everyone))
@@ -126,10 +126,9 @@ def check_same_parameters(params: list[torch.Tensor], names: dict[torch.Tensor, 
     raises :class:`hora.HoraMismatchError` naming the first parameter that
     differs, the ranks and both values."""
     from hora.common.exceptions import HoraMismatchError
-    from hora.torch.functions import allgather_object
     mine = [(names[p], tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in params]
     everyone = allgather_object(mine, name="DistributedOptimizer.sharding.parameters",
-                                process_set=process_set)
+                                process_set=set_object(process_set))
     members = (list(range(len(everyone))) if process_set is global_process_set
                else list(process_set.ranks))
     reference = everyone[0]
