@@ -10,8 +10,8 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HoraTimeoutError,
-    HorovodInternalError)
+    HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError, HoraShutdownError,
+    HoraTimeoutError, HoraTypeError, HorovodInternalError)
 from hora.common.process_sets import (
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from hora.common.ops import (
@@ -22,8 +22,9 @@ from hora.common.ops import (
     reducescatter_async, synchronize)
 
 __all__ = [
-    "Adasum", "Average", "Handle", "HoraError", "HoraInternalError", "HoraMismatchError",
-    "HoraShutdownError", "HoraTimeoutError", "HorovodInternalError", "Max", "Min", "Product",
+    "Adasum", "Average", "Handle", "HoraError", "HoraInternalError", "HoraInvalidArgumentError",
+    "HoraMismatchError", "HoraShutdownError", "HoraTimeoutError", "HoraTypeError",
+    "HorovodInternalError", "Max", "Min", "Product",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
     "ReduceOp", "Sum", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",

@@ -266,3 +266,15 @@ def test_failed_group_leaves_nothing_behind(rank, size):
     assert_same(results[0], np.full(3, size, np.float32))
     assert_same(results[1], np.full(2, size, np.float32))
 
+
+
+def test_error_classes_are_importable_from_hora(size):
+    # The classes the docs name are hora's own names, as Horovod's are.
+    from hora.common import exceptions
+    assert hora.HoraInvalidArgumentError is exceptions.HoraInvalidArgumentError
+    assert hora.HoraTypeError is exceptions.HoraTypeError
+    with pytest.raises(hora.HoraInvalidArgumentError, match="root_rank"):
+        hora.broadcast(np.zeros(2), root_rank=size + 1, name="call_errors.bad_root")
+    with pytest.raises(hora.HoraTypeError):
+        hora.allreduce(np.zeros(2, np.complex64), name="call_errors.bad_dtype")
+    check_usable("call_errors.after_classes", size)

@@ -71,7 +71,22 @@ def test_steps_split_at_gaps():
     assert len(rows) == 2
     assert rows[0]["negotiate"] == 100 and rows[0]["communicate"] == 60
     assert rows[1]["start_us"] == 50000 and rows[1]["communicate"] == 30
-    assert len(steps(job(), gap_us=10 ** 9)) == 1
+    # Without the gap, step 1 ends where tensor a comes again.
+    assert [r["start_us"] for r in steps(job(), gap_us=10 ** 9)] == [0, 50000]
+
+
+def test_steps_split_where_a_tensor_comes_again_without_a_gap():
+    # Three steps of a small model back to back: each runs a and b once,
+    # 1 ms after the last, with no gap longer than the default 5 ms.
+    events = [meta(1, "a"), meta(2, "b")]
+    for step in range(3):
+        t = step * 1000
+        for pid in (1, 2):
+            events += [x(pid, "NEGOTIATE_ALLREDUCE", t, 100), x(pid, "QUEUE", t + 100, 10),
+                       x(pid, "ALLREDUCE", t + 110, 50), x(pid, "SHM_ALLREDUCE", t + 110, 50)]
+    rows = steps(events)
+    assert [r["start_us"] for r in rows] == [0, 1000, 2000]
+    assert all(r["negotiate"] == 100 and r["communicate"] == 50 for r in rows)
 
 
 @pytest.mark.parametrize("cut", ["closed", "no bracket", "trailing comma", "half a line"])
@@ -92,3 +107,17 @@ def test_not_a_timeline(tmp_path):
     path.write_text("hello")
     with pytest.raises(ValueError, match="not a hora timeline"):
         load_events(path)
+
+
+def test_summarize_prints_whole_tensor_names(tmp_path, capsys):
+    from hora.timeline.__main__ import main
+    names = [f"allreduce.bucket.fc2.bias..conv1.weight.10.{i}" for i in range(2)]
+    events = [meta(1, names[0]), meta(2, names[1])]
+    for pid in (1, 2):
+        events += [x(pid, "NEGOTIATE_ALLREDUCE", 0, 100), x(pid, "ALLREDUCE", 100, 50),
+                   x(pid, "SHM_ALLREDUCE", 100, 50)]
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(events))
+    assert main(["summarize", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"  {name}  " in printed for name in names)

@@ -21,9 +21,11 @@ def render(summary, top):
     ranked = sorted(summary.tensors.items(),
                     key=lambda item: -sum(item[1][p] for p in PHASES))
     lines.append(f"tensors by total time (top {min(top, len(ranked))} of {len(ranked)}, ms):")
-    lines.append(f"  {'tensor':<40}{'runs':>6}" + "".join(f"{p:>12}" for p in PHASES))
+    # Whole names: bucket names differ only at their ends.
+    width = max([len("tensor")] + [len(name) for name, _ in ranked[:top]]) + 2
+    lines.append(f"  {'tensor':<{width}}{'runs':>6}" + "".join(f"{p:>12}" for p in PHASES))
     for name, row in ranked[:top]:
-        lines.append(f"  {name[:40]:<40}{row['runs']:>6}"
+        lines.append(f"  {name:<{width}}{row['runs']:>6}"
                      + "".join(_ms(row[p]) + "  " for p in PHASES))
     lines.append("")
     if summary.rank_lag:
@@ -83,7 +85,8 @@ def build_parser():
                    help="also draw the per-step breakdown (negotiate / wait / copy / communicate)")
     s.add_argument("--top", type=int, default=20, help="tensors to list (default 20)")
     s.add_argument("--gap-ms", type=float, default=5.0,
-                   help="an idle gap this long starts a new step in the plot (default 5)")
+                   help="an idle gap this long starts a new step in the plot (default 5; "
+                        "a tensor that runs again starts one too)")
     return parser
 
 

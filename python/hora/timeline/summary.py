@@ -160,17 +160,27 @@ def summarize(events):
 
 
 def steps(events, gap_us=5000.0):
-    """Splits the job into steps at idle gaps longer than ``gap_us`` (the
-    framework's compute between bursts of collectives) and returns, per
-    step, its start and the wall time of each phase in it."""
+    """Splits the job into steps and returns, per step, its start and the
+    wall time of each phase in it. A step ends where a tensor it already
+    ran comes again (a training step runs each gradient once), or at an
+    idle gap longer than ``gap_us`` (the framework's compute between bursts
+    of collectives), whichever comes first: a small model's compute may
+    take less than the gap."""
     spans, _ = intervals(events)
-    spans = [s for s in spans if phase_of(s.activity) is not None]
     spans.sort(key=lambda s: s.start)
     groups, current, current_end = [], [], None
+    ran = {}  # tensor -> end of its collective in the current step
     for s in spans:
-        if current and s.start - current_end > gap_us:
+        # A run starts with its negotiation (or its queueing, when the
+        # response cache decided it).
+        again = (s.tensor in ran and s.start >= ran[s.tensor]
+                 and phase_of(s.activity) in ("negotiate", "wait"))
+        if current and (again or s.start - current_end > gap_us):
             groups.append(current)
-            current, current_end = [], None
+            current, current_end, ran = [], None, {}
+        if s.activity in _CONTAINERS:
+            ran[s.tensor] = s.end
+            continue
         current.append(s)
         current_end = s.end if current_end is None else max(current_end, s.end)
     if current:

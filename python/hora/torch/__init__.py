@@ -18,8 +18,8 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HoraTimeoutError,
-    HorovodInternalError, HostsUpdatedInterrupt)
+    HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError, HoraShutdownError,
+    HoraTimeoutError, HoraTypeError, HorovodInternalError, HostsUpdatedInterrupt)
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
@@ -39,7 +39,8 @@ from hora.torch import elastic  # noqa: E402  (hvd.elastic.run, after the names 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "Handle",
     "HorovodInternalError", "HostsUpdatedInterrupt", "HoraError", "HoraInternalError",
-    "HoraMismatchError", "HoraShutdownError", "HoraTimeoutError", "Max", "Min", "ProcessSet",
+    "HoraInvalidArgumentError", "HoraMismatchError", "HoraShutdownError", "HoraTimeoutError",
+    "HoraTypeError", "Max", "Min", "ProcessSet",
     "Product", "ReduceOp", "Sum", "SyncBatchNorm", "add_process_set", "allgather",
     "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
