@@ -7,8 +7,9 @@
 // the wake-up channel (wakeup/).
 //
 // All calls are collective over the communicator's ranks and are made from
-// an engine thread only (the job's, or a process set's over its own split). Reductions here cover the natively supported
-// element types; float16/bfloat16 are widened to float32 by the caller.
+// an engine thread only (the job's, or a process set's over its own
+// split). Reductions here cover the natively supported element types;
+// float16/bfloat16 are widened to float32 by the caller.
 #include <cstdint>
 #include <memory>
 #include <string>
