@@ -76,9 +76,10 @@ def test_broadcast_from_each_root(dtype, rank, size):
 def test_alltoall_and_reducescatter(rank, size):
     splits = [d + 1 for d in range(size)]
     rows = np.concatenate([np.full((d + 1, 2), 100 * rank + d, np.float32) for d in range(size)])
-    output = hvd.alltoall(mx.nd.array(rows), splits=mx.nd.array(splits, dtype="int32"))
+    output, received = hvd.alltoall(mx.nd.array(rows), splits=mx.nd.array(splits, dtype="int32"))
     expected = np.concatenate([np.full((rank + 1, 2), 100 * r + rank) for r in range(size)])
     np.testing.assert_array_equal(output.asnumpy(), expected)
+    assert received.asnumpy().tolist() == [rank + 1] * size
     count = 2 * size + 1
     inputs = all_inputs("rs", size, (count, 3))
     result = hvd.reducescatter(mx.nd.array(inputs[rank]), op=hvd.Sum)

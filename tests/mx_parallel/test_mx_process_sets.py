@@ -85,10 +85,11 @@ def test_allgather_broadcast_alltoall_reducescatter(rank, sets):
 
     splits = [k + 1 for k in range(n)]  # one entry per member
     rows = np.concatenate([np.full((k + 1, 2), 100 * rank + k, np.float32) for k in range(n)])
-    output = hvd.alltoall(mx.nd.array(rows), splits=mx.nd.array(splits, dtype="int32"),
-                          process_set=mine)
+    output, received = hvd.alltoall(mx.nd.array(rows), splits=mx.nd.array(splits, dtype="int32"),
+                                    process_set=mine)
     want = np.concatenate([np.full((me + 1, 2), 100 * r + me) for r in mine.ranks])
     np.testing.assert_array_equal(output.asnumpy(), want)
+    assert received.asnumpy().tolist() == [me + 1] * n  # one entry per member
     even = hvd.alltoall(mx.nd.array(np.arange(2 * n) + 10 * rank), process_set=mine)
     want = np.concatenate([np.arange(2 * me, 2 * me + 2) + 10 * r for r in mine.ranks])
     np.testing.assert_array_equal(even.asnumpy(), want)
@@ -272,6 +273,8 @@ def test_a_rank_outside_the_set_is_refused(rank, sets):
         lambda: hvd.broadcast_(mx.nd.zeros((2,)), other.ranks[0], process_set=other),
         lambda: hvd.alltoall(mx.nd.zeros((len(other.ranks),)), process_set=other),
         lambda: hvd.reducescatter(mx.nd.zeros((len(other.ranks),)), process_set=other),
+        lambda: hvd.grouped_allgather([mx.nd.zeros((1, 2))], process_set=other),
+        lambda: hvd.grouped_reducescatter([mx.nd.zeros((len(other.ranks),))], process_set=other),
         lambda: hvd.barrier(process_set=other),
         lambda: hvd.allgather_object(1, process_set=other),
         lambda: hvd.broadcast_parameters({"w": mx.nd.zeros((1,))}, other.ranks[0],

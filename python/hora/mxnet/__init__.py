@@ -20,8 +20,8 @@ from hora.mxnet.compression import Compression
 from hora.mxnet.functions import allgather_object, broadcast_object
 from hora.mxnet.mpi_ops import (
     ProcessSet, add_process_set, allgather, allreduce, allreduce_, alltoall, barrier, broadcast,
-    broadcast_, global_process_set, grouped_allreduce, grouped_allreduce_, join, reducescatter,
-    remove_process_set)
+    broadcast_, global_process_set, grouped_allgather, grouped_allreduce, grouped_allreduce_,
+    grouped_reducescatter, join, reducescatter, remove_process_set)
 from hora.mxnet.training import DistributedOptimizer, DistributedTrainer, broadcast_parameters
 
 __all__ = [
@@ -31,8 +31,9 @@ __all__ = [
     "allgather_object", "allreduce", "allreduce_",
     "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",
     "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce", "grouped_allreduce_",
-    "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
+    "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
+    "join", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
     "remove_process_set", "rocm_built",
     "shutdown", "size", "start_timeline", "stop_timeline",

@@ -8,7 +8,10 @@ it, so nothing is copied; the others copy the input first. Calls are
 synchronous: they return once the result is in place. Argument errors raise
 ``TypeError``/``ValueError``; ranks that disagree get
 :class:`hora.HoraMismatchError` on every rank. ``priority`` is accepted for
-Horovod compatibility; hora orders work by submission.
+Horovod compatibility; hora orders work by submission. The grouped forms
+(``grouped_allreduce``, ``grouped_allgather``, ``grouped_reducescatter``)
+take a list of arrays, negotiated and fused as one unit under one base
+name, and return a list.
 
 Every collective takes ``process_set`` (default ``global_process_set``), as
 in Horovod: with a :class:`hora.ProcessSet` it runs among that set's ranks
@@ -27,8 +30,10 @@ import mxnet as mx
 import numpy as np
 
 from hora.common import ops as _ops
-from hora.common._adapter.naming import check_name
-from hora.common.arguments import check_root, check_splits, resolve_op
+from hora.common._adapter.handles import Handle, synchronize
+from hora.common._adapter.naming import check_name, group_names
+from hora.common._adapter.submission import KIND_ALLGATHER, KIND_REDUCESCATTER, submit_arrays
+from hora.common.arguments import check_root, check_splits, op_value, resolve_op
 from hora.common.basics import Average, ReduceOp, Sum  # noqa: F401 (re-exported by hora.mxnet)
 from hora.common.process_sets import (  # noqa: F401 (Horovod's mxnet.mpi_ops has them)
     ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set)
@@ -104,6 +109,34 @@ def _check_rows(tensor, what):
         raise ValueError(f"{what}: cannot split a scalar into rows; reshape it to (1,)")
 
 
+def _check_row_arrays(tensors, what):
+    """:func:`check_arrays` of a grouped collective's list, refusing
+    scalars too; each array is named by its position in the list."""
+    tensors = check_arrays(tensors, what)
+    for i, t in enumerate(tensors):
+        _check_rows(t, f"{what} (array {i})")
+    return tensors
+
+
+def _run_grouped(kind, tensors, name, what, process_set, op=Sum, prescale_factor=1.0,
+                 postscale_factor=1.0):
+    """Submits copies of ``tensors`` as one grouped collective of ``kind``
+    (negotiated and fused as a unit, member ``i`` named ``<name>.i``),
+    waits, and returns the core's result for each as a new NDArray. ``op``
+    and the scale factors matter to reducescatter only."""
+    names = group_names(name, len(tensors), what, process_set_id(process_set))
+    inputs = [t.asnumpy() for t in tensors]
+    works = submit_arrays(kind, names, inputs, op=op_value(op), prescale=prescale_factor,
+                          postscale=postscale_factor, grouped=True,
+                          process_set=process_set_id(process_set))
+
+    def finish(done):
+        return [np.frombuffer(w.result_buffer(), dtype=x.dtype).reshape(w.output_shape)
+                for w, x in zip(done, inputs)]
+    return [_from_numpy(r, t.dtype)
+            for r, t in zip(synchronize(Handle(works, finish)), tensors)]
+
+
 def allgather(tensor: mx.nd.NDArray, name: str | None = None, priority: int = 0,
               process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
     """Concatenates every rank's ``tensor`` along the first dimension, in rank
@@ -114,6 +147,20 @@ def allgather(tensor: mx.nd.NDArray, name: str | None = None, priority: int = 0,
     _check_rows(tensor, "allgather")
     return _from_numpy(_ops.allgather(tensor.asnumpy(), name, process_set=process_set),
                        tensor.dtype)
+
+
+def grouped_allgather(tensors: Iterable[mx.nd.NDArray], name: str | None = None,
+                      priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> list[mx.nd.NDArray]:
+    """:func:`allgather` of each array of a list, negotiated as one unit;
+    returns a list of new arrays, one per input, in its order. ``name`` is
+    the group's base name (member ``i`` is ``<name>.i``); the first
+    dimension of each array may differ between ranks, the others not."""
+    process_set = set_object(process_set, "grouped_allgather")
+    tensors = _check_row_arrays(tensors, "grouped_allgather")
+    if not tensors:
+        return []
+    return _run_grouped(KIND_ALLGATHER, tensors, name, "grouped_allgather", process_set)
 
 
 def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, priority: int = 0,
@@ -138,19 +185,28 @@ def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, pr
 
 def alltoall(tensor: mx.nd.NDArray, splits: mx.nd.NDArray | Sequence[int] | None = None,
              name: str | None = None, priority: int = 0,
-             process_set: ProcessSet = global_process_set) -> mx.nd.NDArray:
+             process_set: ProcessSet = global_process_set,
+             ) -> mx.nd.NDArray | tuple[mx.nd.NDArray, mx.nd.NDArray]:
     """Sends ``splits[r]`` consecutive rows of ``tensor`` to rank ``r`` and
-    returns the rows received from every rank, in rank order (without
-    ``splits`` the first dimension is divided evenly). With ``process_set``
-    the ranks are the set's, in its order, one split per member."""
+    gathers the rows received from every rank, in rank order. With
+    ``splits`` (an NDArray or a sequence of ints) it returns ``(output,
+    received_splits)``, ``received_splits`` being an int32 NDArray of how
+    many rows came from each rank; without, the first dimension is divided
+    evenly and only ``output`` is returned (both as Horovod). With
+    ``process_set`` the ranks are the set's, in its order, one split (and
+    one received split) per member."""
     process_set = set_object(process_set, "alltoall")
     check_array(tensor, "alltoall")
     _check_rows(tensor, "alltoall")
-    if splits is not None:
+    with_splits = splits is not None
+    if with_splits:
         values = splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else np.asarray(splits)
         splits = check_splits(values.reshape(-1).tolist(), "alltoall")
-    output, _ = _ops.alltoall(tensor.asnumpy(), splits, name, process_set=process_set)
-    return _from_numpy(output, tensor.dtype)
+    output, received = _ops.alltoall(tensor.asnumpy(), splits, name, process_set=process_set)
+    output = _from_numpy(output, tensor.dtype)
+    if not with_splits:
+        return output
+    return output, mx.nd.array(received, dtype=np.int32)
 
 
 def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp | int = Average, name: str | None = None,
@@ -166,6 +222,24 @@ def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp | int = Average, name: str
     result = _ops.reducescatter(tensor.asnumpy(), name, op, prescale_factor, postscale_factor,
                                 process_set=process_set)
     return _from_numpy(result, tensor.dtype)
+
+
+def grouped_reducescatter(tensors: Iterable[mx.nd.NDArray], op: ReduceOp | int = Average,
+                          name: str | None = None, priority: int = 0,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[mx.nd.NDArray]:
+    """:func:`reducescatter` of each array of a list, negotiated and fused as
+    one unit; returns a list of this rank's blocks, one per input, in its
+    order. ``name`` is the group's base name (member ``i`` is
+    ``<name>.i``)."""
+    process_set = set_object(process_set, "grouped_reducescatter")
+    op = resolve_op(None, op, "grouped_reducescatter")
+    tensors = _check_row_arrays(tensors, "grouped_reducescatter")
+    if not tensors:
+        return []
+    return _run_grouped(KIND_REDUCESCATTER, tensors, name, "grouped_reducescatter", process_set,
+                        op, prescale_factor, postscale_factor)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
