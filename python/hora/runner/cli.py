@@ -7,6 +7,7 @@ runs ``command`` as N ranks through the ``mpirun`` that matches hora's MPI;
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 
@@ -274,6 +275,38 @@ def job_environment(args, env):
     return env, names
 
 
+def rank_path(env, command, prefix=sys.prefix, base_prefix=sys.base_prefix,
+              which=shutil.which):
+    """Sets the PATH every rank runs ``command`` with, and returns a note
+    for the user or None.
+
+    The ranks get this shell's PATH back (HORA_RANK_PATH, which the rank
+    wrapper restores): Open MPI's mpirun, run by its full path, puts its own
+    bin directory first on the ranks' PATH, and ``python`` would then be
+    that directory's (a system MPI's /usr/bin/python3, without the user's
+    packages). When horarun runs from a virtual environment whose bin
+    directory is not on PATH, that directory leads the ranks' PATH, as if
+    the environment were activated, so that ``.venv/bin/horarun python``
+    runs the environment's python."""
+    path = env.get("PATH", os.defpath)
+    ranks_path = path
+    if prefix != base_prefix:
+        venv_bin = os.path.join(prefix, "bin")
+        on_path = {os.path.realpath(p) for p in path.split(os.pathsep) if p}
+        if os.path.realpath(venv_bin) not in on_path:
+            ranks_path = venv_bin + os.pathsep + path
+            env["VIRTUAL_ENV"] = prefix
+    env["PATH"] = env["HORA_RANK_PATH"] = ranks_path
+    program = command[0] if command else ""
+    if ranks_path == path or os.sep in program:
+        return None
+    before, after = which(program, path=path), which(program, path=ranks_path)
+    if after is None or before == after:
+        return None
+    return (f"horarun: '{program}' runs as {after} on the ranks: horarun's virtual environment "
+            f"({prefix}) leads their PATH" + (f", not {before}" if before else ""))
+
+
 def default_threads(env, spec):
     """Unless the user chose, each rank's OpenMP/BLAS pools get the rank's
     share of the cores (as torchrun does): otherwise every rank starts one
@@ -306,9 +339,14 @@ def main(argv=None):
         mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir(), wheel_mpirun=pypi_mpirun())
         flavour = query_flavour(mpirun)
         env, names = job_environment(args, os.environ)
+        note = rank_path(env, args.command)
+        names = sorted(set(names) | {"HORA_RANK_PATH", "PATH"} | set(
+            ["VIRTUAL_ENV"] if "VIRTUAL_ENV" in env else []))
     except (MpiError, ValueError) as exc:
         _log(str(exc) if str(exc).startswith("horarun") else f"horarun: {exc}")
         return 1
+    if note:
+        _log(note)
 
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     with tempfile.TemporaryDirectory(prefix="horarun-") as scratch:

@@ -196,6 +196,11 @@ def main(argv=None):
     _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host)))
 
     env = dict(os.environ)
+    # The PATH of the shell that ran horarun (see hora.runner.cli.rank_path):
+    # the launcher may have put its own bin directory first, and the command
+    # must be what the user's shell would run.
+    if env.get("HORA_RANK_PATH"):
+        env["PATH"] = env["HORA_RANK_PATH"]
     env.update(rank_env(rank, size, local_rank, local_size))
     # The child's stdout is a pipe to us; without this, Python would buffer
     # it in blocks and lines would show up late and out of order.
