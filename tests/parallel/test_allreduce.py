@@ -5,8 +5,8 @@ import pytest
 
 import hora
 from conftest import ALL_DTYPES, rank_input, resolve_dtype
-from hora_reference import (ALL_OPS, assert_reduced, assert_same, dtype_name, inputs_of,
-                            is_bool, op_name, reduce_reference)
+from hora_reference import (ALL_OPS, FLOAT_DTYPES, assert_reduced, assert_same, dtype_name,
+                            inputs_of, is_bool, op_name, reduce_reference)
 
 SHAPE = (5, 3)
 
@@ -156,3 +156,26 @@ def test_a_given_array_that_overlaps_its_input_is_refused(rank, size):
     x = np.ones(8, np.float32)
     with pytest.raises(ValueError, match="out overlaps the input; use the in-place variant"):
         hora.allreduce_async(x, name="bad.overlap", out=x)
+
+
+@pytest.mark.parametrize("op", [hora.Min, hora.Max], ids=op_name)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_name)
+@pytest.mark.parametrize("count", [7, 70001])
+def test_min_max_keep_a_nan_from_any_rank(dtype, op, count, rank, size):
+    """Min and Max propagate NaN as NumPy's minimum and maximum do, whichever
+    rank holds it and whatever the algorithm (the suite runs this under each
+    one), in the vectorized body and the tail of the kernels alike."""
+    for holder in range(size):
+        tag = f"allreduce.nan.{dtype_name(dtype)}.{op_name(op)}.{count}.{holder}"
+
+        def contribution(r, tag=tag, holder=holder):
+            values = rank_input(tag, r, (count,), dtype)
+            if r == holder:
+                for at in (0, count // 2, count - 1):
+                    values[at] = np.nan
+            return values
+
+        got = hora.allreduce(contribution(rank), name=tag, op=op)
+        expected = reduce_reference([contribution(r) for r in range(size)], op, dtype)
+        assert np.isnan(np.asarray(got, np.float64)[[0, count // 2, count - 1]]).all()
+        assert_same(got, expected)

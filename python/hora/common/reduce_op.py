@@ -10,7 +10,9 @@ from hora._loader import _C
 
 class ReduceOp(enum.IntEnum):
     """Reduction operations. The values match Horovod's (the core defines
-    them; ``_C.REDUCE_OPS``)."""
+    them; ``_C.REDUCE_OPS``). ``Min`` and ``Max`` keep a NaN from any rank,
+    as NumPy's ``minimum`` and ``maximum`` do, on host memory (GPU tensors
+    reduced by NCCL follow NCCL's own rule)."""
 
     Average = _C.REDUCE_OPS["Average"]
     Sum = _C.REDUCE_OPS["Sum"]

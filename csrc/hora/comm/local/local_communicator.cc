@@ -15,8 +15,13 @@ template <typename T>
 void ReduceTyped(T* acc, const T* other, int64_t count, ReduceOp op) {
   for (int64_t i = 0; i < count; ++i) {
     switch (op) {
-      case ReduceOp::kMin: acc[i] = other[i] < acc[i] ? other[i] : acc[i]; break;
-      case ReduceOp::kMax: acc[i] = other[i] > acc[i] ? other[i] : acc[i]; break;
+      // NaN wins, as in the engine's kernels.
+      case ReduceOp::kMin:
+        acc[i] = (other[i] < acc[i] || other[i] != other[i]) ? other[i] : acc[i];
+        break;
+      case ReduceOp::kMax:
+        acc[i] = (other[i] > acc[i] || other[i] != other[i]) ? other[i] : acc[i];
+        break;
       case ReduceOp::kProduct: acc[i] = static_cast<T>(acc[i] * other[i]); break;
       default: acc[i] = static_cast<T>(acc[i] + other[i]); break;  // Sum, Average
     }

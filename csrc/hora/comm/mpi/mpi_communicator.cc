@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 namespace hora {
@@ -42,7 +43,37 @@ MPI_Datatype ToMpi(DataType dtype) {
   return MPI_DATATYPE_NULL;
 }
 
+// MPI's own MPI_MIN and MPI_MAX keep or drop a NaN depending on which
+// rank holds it; these take it from either side, as NumPy's minimum and
+// maximum (and the engine's kernels) do. Made once, after MPI_Init, and
+// valid until MPI_Finalize.
+template <typename T, bool kMax>
+void NanWins(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const bool take = kMax ? a[i] > b[i] : a[i] < b[i];
+    if (take || a[i] != a[i]) b[i] = a[i];
+  }
+}
+
+MPI_Op FloatOp(ReduceOp op, DataType dtype) {
+  static MPI_Op ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MPI_Op_create(&NanWins<float, false>, 1, &ops[0]);
+    MPI_Op_create(&NanWins<float, true>, 1, &ops[1]);
+    MPI_Op_create(&NanWins<double, false>, 1, &ops[2]);
+    MPI_Op_create(&NanWins<double, true>, 1, &ops[3]);
+  });
+  return ops[(dtype == DataType::kFloat64 ? 2 : 0) + (op == ReduceOp::kMax ? 1 : 0)];
+}
+
 MPI_Op ToMpi(ReduceOp op, DataType dtype) {
+  if ((dtype == DataType::kFloat32 || dtype == DataType::kFloat64) &&
+      (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
+    return FloatOp(op, dtype);
+  }
   if (dtype == DataType::kBool) {
     return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? MPI_MAX : MPI_MIN;
   }
