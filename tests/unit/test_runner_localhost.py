@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -64,6 +65,46 @@ def test_failing_rank_fails_the_job():
         assert done.returncode == 3
     assert "horarun: rank 1 on host " in done.stderr
     assert "failed first (exit code 3)" in done.stderr
+
+
+def test_the_rank_that_raised_is_blamed_though_its_peer_exits_first():
+    # Rank 1 raises; on its way out hora shuts down (rank 0 then fails with
+    # HoraShutdownError and exits), and rank 1 lingers 3 s in an exit
+    # handler that runs after hora's: rank 0 exits first, rank 1 caused it.
+    script = textwrap.dedent("""\
+        import atexit, os, time
+        if os.environ["HORA_RANK"] == "1":
+            atexit.register(time.sleep, 3)
+        import numpy as np
+        import hora
+        hora.init()
+        for step in range(1000):
+            hora.allreduce(np.ones(2), name=f"blame.{step}")
+            if hora.rank() == 1 and step == 2:
+                raise ValueError("rank 1 broke")
+        """)
+    done = horarun(2, script)
+    assert done.returncode == 1, done.stderr
+    assert "ValueError: rank 1 broke" in done.stderr
+    assert "HoraShutdownError" in done.stderr
+    assert "horarun: rank 1 on host " in done.stderr and "failed first (exit code 1)" in done.stderr
+
+
+def test_a_background_process_does_not_hold_the_job_open():
+    # The rank starts a process that outlives it with the rank's output
+    # inherited; the job ends with the rank, not with the process.
+    marker = "31.739"
+    script = (f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\n"
+              "print('started it', flush=True)\n")
+    began = time.monotonic()
+    try:
+        done = horarun(1, script)
+        took = time.monotonic() - began
+    finally:
+        subprocess.run(["pkill", "-f", f"sleep {marker}"], check=False)
+    assert done.returncode == 0, done.stderr
+    assert "[0] started it" in done.stdout
+    assert took < 20, f"horarun waited {took:.1f} s for the background process"
 
 
 def test_rank_killed_by_signal_is_reported():

@@ -20,6 +20,8 @@ def fake_mpirun(body):
             fields = [event, str(rank), "host" + str(rank)]
             if event == "exited":
                 fields += [outcome, repr(time.time() if at is None else at)]
+            elif event == "raised":
+                fields.append(repr(time.time() if at is None else at))
             line = {markers._LEAD!r} + " ".join(fields).encode() + b"\\n"
             sys.stdout.buffer.write(line); sys.stdout.buffer.flush()
     """)
@@ -65,6 +67,30 @@ def test_earliest_failure_wins_over_the_first_to_arrive():
     """)
     assert outcome.code == 128 + signal.SIGKILL
     assert outcome.first_failure.rank == 1
+
+
+def test_the_rank_that_raised_first_is_named_though_a_peer_exited_first():
+    # Rank 1 raised; rank 0 then failed because rank 1 shut hora down, and
+    # exited first while rank 1 was still tearing down (stopped by horarun).
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        now = time.time()
+        emit("raised", 1, at=now - 1.0); emit("raised", 0, at=now - 0.5)
+        emit("exited", 0, "code=1", at=now)
+        sys.exit(1)
+    """)
+    assert outcome.code == 1
+    assert outcome.message == ("horarun: rank 1 on host host1 failed first (exit code 1); the job "
+                               "was stopped")
+
+
+def test_a_raise_that_did_not_end_the_job_is_no_failure():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        emit("raised", 1)
+        emit("exited", 0, "code=0"); emit("exited", 1, "code=0")
+    """)
+    assert outcome.code == 0 and outcome.message == ""
 
 
 def test_killed_rank_gives_128_plus_signal():

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hora._loader import _C
-from hora.common import call_site
+from hora.common import call_site, failure_report
 
 
 # Re-exported: hora.Sum and friends live here for Horovod's users.
@@ -64,6 +64,7 @@ def init(comm: Any | Iterable[int] | None = None,
     handle, ranks = _comm_arguments(comm)
     running = _C.is_initialized()
     _C.init(handle, ranks, dynamic)
+    failure_report.install()
     call_site.refresh()
     if not running:
         process_set_setup.setup_at_init(process_sets)

@@ -5,10 +5,13 @@ they reach horarun from every host without a network channel of their own.
 horarun takes them out of the stream; users never see them.
 
 A marker is one line: a record-separator byte, ``hora-runner``, the event
-(``started`` or ``exited``), the rank, the host, and for ``exited`` the
-outcome (``code=N`` or ``signal=NAME``) and the time it ended (seconds
-since the epoch): the order in which markers reach horarun from several
-hosts is not the order in which ranks failed.
+(``started``, ``raised`` or ``exited``), the rank, the host, for ``exited``
+the outcome (``code=N`` or ``signal=NAME``), and for ``raised`` and
+``exited`` the time (seconds since the epoch): the order in which markers
+reach horarun from several hosts is not the order in which ranks failed.
+``raised`` says when the rank's program met an exception it did not catch
+(hora reports it; see ``hora.common.failure_report``): a rank whose peers
+fail because it stopped exits later than they may, but raised first.
 """
 import dataclasses
 import signal
@@ -30,7 +33,7 @@ class Marker:
     rank: int
     host: str
     outcome: str = ""  # "code=N" or "signal=NAME" for "exited"
-    time: float = 0.0  # when it exited, for "exited"
+    time: float = 0.0  # when it exited ("exited") or raised ("raised")
 
     def describe(self):
         """'exit code 3' or 'killed by SIGKILL'."""
@@ -46,6 +49,8 @@ def encode(marker):
     fields = [marker.event, str(marker.rank), marker.host]
     if marker.event == "exited":
         fields += [marker.outcome, f"{marker.time:.6f}"]
+    elif marker.event == "raised":
+        fields.append(f"{marker.time:.6f}")
     return _LEAD + " ".join(fields).encode() + b"\n"
 
 
@@ -60,6 +65,8 @@ def decode(line):
             return Marker("started", int(fields[1]), fields[2])
         if fields[0] == "exited" and len(fields) == 5:
             return Marker("exited", int(fields[1]), fields[2], fields[3], float(fields[4]))
+        if fields[0] == "raised" and len(fields) == 4:
+            return Marker("raised", int(fields[1]), fields[2], time=float(fields[3]))
     except (IndexError, ValueError):
         pass
     return None

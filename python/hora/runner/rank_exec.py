@@ -32,6 +32,10 @@ _PR_SET_PDEATHSIG = 1
 # and how long the command then gets to exit on SIGTERM before SIGKILL.
 _PARENT_POLL_S = 0.5
 _TERM_GRACE_S = 5.0
+# Once the command has exited, how long its output may still take to drain:
+# a background process it started (``sleep 45 &``) holds the pipes open
+# but is not the rank, and the rank's end must not wait for it.
+_DRAIN_S = 2.0
 
 
 class RankEnvError(RuntimeError):
@@ -114,6 +118,21 @@ def _write(sink, data):
         return sink
     except (OSError, ValueError):
         return None
+
+
+def _relay_reports(source, rank, host):
+    """Turns the command's reports (``raised TIME`` lines on the pipe named
+    by HORA_RUNNER_REPORT_FD) into markers for horarun."""
+    with os.fdopen(source, "rb") as reports:
+        for line in reports:
+            fields = line.split()
+            if len(fields) == 2 and fields[0] == b"raised":
+                try:
+                    when = float(fields[1])
+                except ValueError:
+                    continue
+                _write(sys.stdout.buffer,
+                       markers.encode(markers.Marker("raised", rank, host, time=when)))
 
 
 def _write_exited(rank, host, outcome):
@@ -220,9 +239,16 @@ def main(argv=None):
     out, err = (files[0], files[1]) if files else (subprocess.PIPE, subprocess.PIPE)
 
     parent = os.getppid()
+    # A pipe on which hora, inside the command, says when it dies of an
+    # uncaught exception (hora.common.failure_report).
+    report_read, report_write = os.pipe()
+    env["HORA_RUNNER_REPORT_FD"] = str(report_write)
     try:
-        child = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=die_with_parent)
+        child = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=die_with_parent,
+                                 pass_fds=(report_write,))
     except OSError as exc:
+        os.close(report_read)
+        os.close(report_write)
         _write(sys.stderr.buffer, prefix + f"cannot run {argv[0]!r}: {exc.strerror}\n".encode())
         # The shell's conventions: 127 for not found, 126 for not runnable.
         code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -231,6 +257,9 @@ def main(argv=None):
     finally:
         for f in files:
             f.close()
+    os.close(report_write)
+    reports = threading.Thread(target=_relay_reports, args=(report_read, rank, host), daemon=True)
+    reports.start()
 
     _forward_signals(child)
     threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
@@ -245,8 +274,9 @@ def main(argv=None):
     for thread in relays:
         thread.start()
     code = child.wait()
-    for thread in relays:
-        thread.join()
+    deadline = time.monotonic() + _DRAIN_S
+    for thread in [*relays, reports]:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
     _write_exited(rank, host, _outcome(code))
     if code < 0:

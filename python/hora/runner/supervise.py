@@ -116,6 +116,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     job = _Job(proc)
     started, first_failure, stop_signal, start_expired = set(), None, None, False
     exited = set()
+    raised, failures = {}, {}  # rank -> its "raised" marker; rank -> its failed exit
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
@@ -128,6 +129,10 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
                 started.add(value.rank)
             elif value.event == "exited":
                 exited.add(value.rank)
+            elif value.event == "raised":
+                raised.setdefault(value.rank, value)
+            if value.failed:
+                failures[value.rank] = value
             if value.failed and stop_signal is None and not start_expired:
                 # Markers from different hosts can arrive out of order (a
                 # peer that lost its connection may report before the host
@@ -181,11 +186,24 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if proc.poll() is None:
             proc.kill()
 
-    outcome = _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
-                       start_timeout, exited)
+    outcome = _outcome(code, num_proc, started, _cause(first_failure, failures, raised),
+                       stop_signal, start_expired, start_timeout, exited)
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
+
+
+def _cause(first_failure, failures, raised):
+    """The failed rank that started the job's end: the one whose program
+    raised first (an uncaught exception ends it with exit code 1, also when
+    horarun stops it before it gets that far); else the first to exit. A
+    rank that raises shuts hora down on its way out, and its peers may fail
+    and exit before it does."""
+    if first_failure is None or not raised:
+        return first_failure  # a process that raised did not end the job
+    first = min(raised.values(), key=lambda marker: marker.time)
+    return failures.get(first.rank) or markers.Marker("exited", first.rank, first.host, "code=1",
+                                                      first.time)
 
 
 def _rank_list(ranks):
