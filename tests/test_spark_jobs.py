@@ -191,6 +191,38 @@ def test_torch_estimator_trains_on_a_dataframe_and_transforms_it(spark, tmp_path
     assert not torch.equal(model[0].weight, trained.getModel()[0].weight)
 
 
+def test_a_float_label_meets_a_one_value_output_in_its_shape(spark, tmp_path):
+    # A regression on an ML vector column: the label column (batch,) is
+    # shaped like the Linear(4, 1) output (batch, 1), so the loss falls as
+    # it should, and transform keeps the input columns as they were.
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    from pyspark.ml.linalg import Vectors, VectorUDT
+
+    from hora.spark.common.store import LocalStore
+    from hora.spark.torch import TorchEstimator
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 4))
+    y = x @ np.array([1.5, -2.0, 0.5, 1.0]) + 0.3
+    df = spark.createDataFrame([(Vectors.dense(row), float(target)) for row, target in zip(x, y)],
+                               ["features", "label"])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    estimator = TorchEstimator(num_proc=2, model=model,
+                               optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+                               loss=torch.nn.functional.mse_loss, feature_cols=["features"],
+                               label_cols=["label"], batch_size=32, epochs=8,
+                               store=LocalStore(str(tmp_path / "store")), run_id="regression")
+    trained = estimator.fit(df)
+    losses = [h["loss"] for h in trained.getHistory()]
+    assert losses[-1] < losses[0] / 20, losses
+    predicted = trained.transform(df)
+    assert isinstance(predicted.schema["features"].dataType, VectorUDT)
+    assert predicted.columns == ["features", "label", "label__output"]
+    rows = predicted.toPandas()
+    assert np.abs(rows["label__output"] - rows["label"]).mean() < 0.5
+
+
 def test_estimator_names_a_missing_column(spark, tmp_path):
     torch = pytest.importorskip("torch")
     from hora.spark.common.store import LocalStore

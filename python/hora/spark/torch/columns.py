@@ -48,6 +48,18 @@ def to_input(values, shape=None):
     return tensor.reshape(shape) if shape is not None else tensor
 
 
+def shaped_like(label, output):
+    """A float label with as many values as the model's output, in the
+    output's shape: a label column of shape (batch,) against an output of
+    (batch, 1) would otherwise broadcast to (batch, batch) inside the loss.
+    Class indices (integer labels) and labels of another size are left as
+    they are."""
+    if (label.is_floating_point() and hasattr(output, "shape")
+            and label.shape != output.shape and label.numel() == output.numel()):
+        return label.reshape(output.shape)
+    return label
+
+
 def to_label(values):
     """Integer labels stay integers (class indices); others become float32."""
     import torch

@@ -22,9 +22,12 @@ class TorchEstimator(Estimator):
     ``feature_cols`` are passed to ``model(*features)`` in order, each as a
     float32 batch reshaped to ``input_shapes[i]`` when given (-1 for the
     batch); ``loss(output, label)`` gets the label column (integer columns
-    as int64 class indices, others as float32; a list when there are
-    several label columns). The optimizer travels to the ranks together with
-    the model, parameter groups and state included.
+    as int64 class indices; others as float32, in the output's shape when
+    they hold as many values as it, so a column of numbers meets a
+    ``Linear(n, 1)`` output as (batch, 1), not (batch,); a list when there
+    are several label columns, the i-th shaped like the i-th output). The
+    optimizer travels to the ranks together with the model, parameter groups
+    and state included.
     """
 
     def __init__(self, num_proc=None, model=None, optimizer=None, loss=None, feature_cols=None,

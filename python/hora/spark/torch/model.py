@@ -1,8 +1,6 @@
 """``TorchModel``: the Spark Transformer a ``TorchEstimator`` returns."""
 from pyspark.ml import Model
 
-from hora.spark.torch.columns import as_array_columns
-
 
 class TorchModel(Model):
     """Adds the model's predictions to a DataFrame: ``transform(df)`` runs the
@@ -30,32 +28,37 @@ class TorchModel(Model):
         ``rows_per_s``."""
         return self.history
 
-    def _predict_function(self):
-        from hora.cluster import channel
-        payload = channel.dumps((self.model, self.feature_cols, self.input_shapes,
-                                 self.output_cols))
+    def _predict_function(self, schema):
+        """A pandas UDF: the feature columns in, a struct of the outputs out."""
+        from pyspark.sql.functions import pandas_udf
 
-        def predict(batches):
+        from hora.cluster import channel
+        payload = channel.dumps((self.model, self.input_shapes, self.output_cols))
+
+        def predict(*columns):
+            import pandas as pd
             import torch
 
             from hora.spark.torch.columns import pandas_to_numpy, to_input
-            model, features, shapes, outputs = channel.loads(payload)
+            model, shapes, outputs = channel.loads(payload)
             model.eval()
-            shapes = shapes or [None] * len(features)
-            for frame in batches:
-                inputs = [to_input(pandas_to_numpy(frame[name]), shape)
-                          for name, shape in zip(features, shapes)]
-                with torch.no_grad():
-                    result = model(*inputs) if len(frame) else None
-                values = result if isinstance(result, (tuple, list)) else [result]
-                for name, value in zip(outputs, values):
-                    if value is None:
-                        frame[name] = []
-                        continue
-                    array = value.detach().double().numpy().reshape(len(frame), -1)
-                    frame[name] = array[:, 0] if array.shape[1] == 1 else list(array)
-                yield frame
-        return predict
+            rows = len(columns[0])
+            shapes = shapes or [None] * len(columns)
+            frame = pd.DataFrame(index=columns[0].index)
+            if rows == 0:
+                for name in outputs:
+                    frame[name] = []
+                return frame
+            inputs = [to_input(pandas_to_numpy(column), shape)
+                      for column, shape in zip(columns, shapes)]
+            with torch.no_grad():
+                result = model(*inputs)
+            values = result if isinstance(result, (tuple, list)) else [result]
+            for name, value in zip(outputs, values):
+                array = value.detach().double().numpy().reshape(rows, -1)
+                frame[name] = array[:, 0] if array.shape[1] == 1 else list(array)
+            return frame
+        return pandas_udf(predict, schema)
 
     def _output_types(self, sample):
         """Double or array-of-double per output, from one row's prediction."""
@@ -74,13 +77,23 @@ class TorchModel(Model):
                 for value in values]
 
     def _transform(self, df):
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql.functions import col
         from pyspark.sql.types import StructField, StructType
-        ready = as_array_columns(df, self.feature_cols)
-        sample = ready.select(*self.feature_cols).limit(1).toPandas()
+        # The model reads vectors as arrays; the DataFrame's own columns
+        # come back as they were, with the outputs after them.
+        inputs = [vector_to_array(df[name]) if isinstance(df.schema[name].dataType, VectorUDT)
+                  else df[name] for name in self.feature_cols]
+        sample = df.select(*[c.alias(name) for c, name in zip(inputs, self.feature_cols)]) \
+            .limit(1).toPandas()
         if len(sample) == 0:
             raise ValueError("TorchModel.transform: the DataFrame is empty")
         types = self._output_types(sample)
-        schema = StructType(list(ready.schema.fields) +
-                            [StructField(name, kind) for name, kind in zip(self.output_cols,
-                                                                           types)])
-        return ready.mapInPandas(self._predict_function(), schema)
+        schema = StructType([StructField(name, kind)
+                             for name, kind in zip(self.output_cols, types)])
+        hidden = "__hora_outputs"
+        with_outputs = df.withColumn(hidden, self._predict_function(schema)(*inputs))
+        return with_outputs.select(*[col(f"`{name}`") for name in df.columns],
+                                   *[col(f"`{hidden}`.`{name}`").alias(name)
+                                     for name in self.output_cols])

@@ -23,7 +23,7 @@ def train(spec):
     import torch
 
     import hora.torch as hvd
-    from hora.spark.torch.columns import arrow_to_numpy, to_input, to_label
+    from hora.spark.torch.columns import arrow_to_numpy, shaped_like, to_input, to_label
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.manual_seed(spec["seed"])
@@ -62,6 +62,9 @@ def train(spec):
             targets = [to_label(values[index]) for values in labels]
             optimizer.zero_grad()
             output = model(*inputs)
+            outputs = output if isinstance(output, (tuple, list)) else [output]
+            targets = [shaped_like(t, o) for t, o in zip(targets, outputs)] + \
+                targets[len(outputs):]
             loss = loss_fn(output, targets[0] if len(targets) == 1 else targets)
             loss.backward()
             optimizer.step()
