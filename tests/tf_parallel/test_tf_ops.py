@@ -119,6 +119,28 @@ def test_broadcast_variables_assigns_root_values(rank, size, mode):
     assert variables[1].numpy() == (size - 1) * 10
 
 
+def test_broadcast_inplace_returns_the_broadcast_values(rank, size, mode):
+    """As Horovod's: ``v, = hvd.broadcast_([var], root)`` gives the values
+    after the broadcast, eagerly and inside tf.function."""
+    root = size - 1
+    a = tf.Variable(rank_values("bcast_.a", rank, (3,)))
+    b = tf.Variable(rank * 10 + 1, dtype=tf.int64)
+
+    def body():
+        values = hvd.broadcast_([a, b], root, name="tf.broadcast_.values")
+        assert isinstance(values, list) and len(values) == 2
+        assert all(isinstance(v, tf.Tensor) for v in values)
+        return values, values[0] * 2.0
+    values, doubled = mode(body)()
+    np.testing.assert_array_equal(values[0].numpy(), rank_values("bcast_.a", root, (3,)))
+    np.testing.assert_array_equal(doubled.numpy(), 2.0 * rank_values("bcast_.a", root, (3,)))
+    assert values[1].dtype == tf.int64 and int(values[1].numpy()) == root * 10 + 1
+    # in place as well
+    np.testing.assert_array_equal(a.numpy(), rank_values("bcast_.a", root, (3,)))
+    assert int(b.numpy()) == root * 10 + 1
+    assert mode(lambda: hvd.broadcast_([], root))() == []
+
+
 def test_alltoall_with_and_without_splits(rank, size, mode):
     # rank r sends (d + 1) rows to rank d, each row holding 100 * r + d
     splits = [d + 1 for d in range(size)]
@@ -229,10 +251,51 @@ def test_mismatched_shapes_raise_on_every_rank(rank, size):
     @tf.function(jit_compile=False)
     def in_graph(x):
         return hvd.allreduce(x, name="tf.shape.graph")
-    with pytest.raises(tf.errors.OpError, match=r"(?s)Mismatched shape.*'tf.shape.graph'"):
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=r"(?s)Mismatched shape.*'tf.shape.graph'") as caught:
         in_graph(tf.zeros([rank + 1]))
+    assert isinstance(caught.value, hora.HoraMismatchError)
     # the job is still usable afterwards
     assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == size
+
+
+def _in_a_function(collective, x):
+    return tf.function(collective, jit_compile=False)(x)
+
+
+def _in_a_dataset_map(collective, x):
+    return list(tf.data.Dataset.from_tensors(x).map(collective))
+
+
+@pytest.mark.parametrize("where", [_in_a_function, _in_a_dataset_map],
+                         ids=["function", "dataset_map"])
+def test_errors_in_graphs_have_horovods_classes(where, rank, size):
+    """A collective that fails when it runs in a graph (a tf.function, a
+    tf.data map) fails the call, or the iteration, with the tf.errors class
+    Horovod's kernels give, still hora's class too, on every rank."""
+    if size == 1:
+        pytest.skip("needs two ranks to disagree")
+    tag = where.__name__
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=rf"(?s)Mismatched shape.*'tf.mismatch{tag}'.*rank 0") as caught:
+        where(lambda x: hvd.allreduce(x, name=f"tf.mismatch{tag}"), tf.zeros([rank + 1]))
+    assert isinstance(caught.value, hora.HoraMismatchError)
+    # an argument the collective refuses when it runs: rows that do not divide
+    rows = 2 * size - 1
+    refused = rf"(?s)'tf.uneven{tag}'.*first dimension {rows}, {size} ranks"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=refused) as caught:
+        where(lambda x: hvd.alltoall(x, name=f"tf.uneven{tag}"), tf.zeros([rows]))
+    assert isinstance(caught.value, hora.HoraInvalidArgumentError)
+    assert isinstance(caught.value, ValueError)
+    # every rank got both
+    assert hvd.allgather_object(tag) == [tag] * size
+    # errors that are not hora's keep TensorFlow's classes
+    def fails(x):
+        raise RuntimeError(f"not hora's {tag}")
+    with pytest.raises(tf.errors.UnknownError, match=f"not hora's {tag}") as caught:
+        where(lambda x: tf.numpy_function(fails, [x], tf.float32), tf.zeros([1]))
+    assert type(caught.value) is tf.errors.UnknownError
+    assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name=f"tf.after{tag}")) == size
 
 
 def test_bad_arguments_raise_at_once():

@@ -16,7 +16,10 @@ rank does not shift the names of the others.
 
 from __future__ import annotations
 
+import collections
+import functools
 import re
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -120,6 +123,8 @@ _TF_ERROR_CLASSES = {}
 
 
 def _tf_error_class(error):
+    if isinstance(error, tf.errors.OpError):
+        return type(error)
     if isinstance(error, HoraMismatchError):
         tf_class = tf.errors.FailedPreconditionError
     elif isinstance(error, HoraInvalidArgumentError):
@@ -138,14 +143,133 @@ def as_tf_error(error):
     return _tf_error_class(error)(None, None, str(error))
 
 
+# In a graph the collective runs in a tf.numpy_function, and TensorFlow
+# turns what that raises into an error code by the exception's Python class
+# only: ValueError and TypeError give INVALID_ARGUMENT, a few others their
+# own codes, everything else UNKNOWN; a tf.errors.OpError raised there loses
+# its code as well (TensorFlow 2.21, python/lib/core/py_func.cc). So a mismatch would
+# reach the caller of the tf.function (model.fit's step included), or the
+# loop over a tf.data.Dataset whose map runs a collective, as
+# tf.errors.UnknownError, where Horovod's kernels fail with
+# FAILED_PRECONDITION. The node therefore raises the tf.errors class (an
+# InvalidArgumentError is a ValueError, so that code survives) and notes
+# hora's message and that class here. Where TensorFlow turns a failed status
+# into the Python exception of a function call or an op (eager/execute.py)
+# or of an iterator step (eager/core.py), an UnknownError or
+# InvalidArgumentError whose message holds the node's noted exception (the
+# last line of its traceback, class and message) is raised as the noted
+# class instead: Horovod's tf.errors class, still hora's class too, with
+# TensorFlow's message. Other errors pass through untouched.
+_GRAPH_ERRORS = collections.deque(maxlen=64)
+_GRAPH_ERRORS_LOCK = threading.Lock()
+
+
+def _raising_tf_errors(fn):
+    """``fn`` for a numpy_function node: hora's errors leave it as
+    ``as_tf_error`` makes them, noted for ``_graph_error``."""
+    def node_fn(*arrays):
+        try:
+            return fn(*arrays)
+        except (HoraError, HoraInvalidArgumentError) as error:
+            tf_error = as_tf_error(error)
+            text = str(error)
+            if text:
+                with _GRAPH_ERRORS_LOCK:
+                    _GRAPH_ERRORS.append((text, type(tf_error)))
+            raise tf_error from None
+    return node_fn
+
+
+def _graph_error(exception):
+    """``exception`` (what TensorFlow made of a failed status) as the class
+    a hora node noted for it, or None when no hora node failed it."""
+    if type(exception) not in (tf.errors.UnknownError, tf.errors.InvalidArgumentError):
+        return None
+    with _GRAPH_ERRORS_LOCK:
+        noted = list(_GRAPH_ERRORS)
+    message = exception.message
+    for text, error_class in reversed(noted):
+        # the code TensorFlow gives what the node raised (see above)
+        code_class = (tf.errors.InvalidArgumentError
+                      if issubclass(error_class, tf.errors.InvalidArgumentError)
+                      else tf.errors.UnknownError)
+        # the line the node's traceback ends with in TensorFlow's message
+        line = f"{error_class.__module__}.{error_class.__qualname__}: {text}"
+        if type(exception) is code_class and line in message:
+            payloads = exception.experimental_payloads
+            return error_class(None, None, message, *((payloads,) if payloads else ()))
+    return None
+
+
+def _translating_call(call):
+    """``call`` (a TensorFlow function that runs an op or a function and
+    raises its failure) raising a hora node's failure as the noted class."""
+    @functools.wraps(call)
+    def translated(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except (tf.errors.UnknownError, tf.errors.InvalidArgumentError) as error:
+            replacement = _graph_error(error)
+            if replacement is None:
+                raise
+            raise replacement.with_traceback(error.__traceback__) from None
+    translated.hora_translates = True
+    return translated
+
+
+def _translating_conversion(convert):
+    """``convert`` (eager/core.py's status-to-exception) returning a hora
+    node's failure as the noted class."""
+    @functools.wraps(convert)
+    def translated(status):
+        exception = convert(status)
+        return _graph_error(exception) or exception
+    translated.hora_translates = True
+    return translated
+
+
+_translation_installed = False
+
+
+def _install_error_translation():
+    """Wraps the private functions of TensorFlow named above (see
+    ``_GRAPH_ERRORS``), once, when the first hora node is built (a program
+    that never puts a collective in a graph runs TensorFlow untouched); a
+    TensorFlow without one of them leaves hora's failures in graphs there as
+    UnknownError."""
+    global _translation_installed
+    if _translation_installed:
+        return
+    _translation_installed = True
+    try:
+        from tensorflow.python.eager import core, execute
+    except ImportError:  # pragma: no cover - depends on the TensorFlow release
+        return
+    targets = [(core, "_status_to_exception", _translating_conversion),
+               (execute, "quick_execute", _translating_call),
+               (execute, "execute_with_cancellation", _translating_call)]
+    original_quick = getattr(execute, "quick_execute", None)
+    for module, attribute, wrap in targets:
+        function = getattr(module, attribute, None)
+        if callable(function) and not getattr(function, "hora_translates", False):
+            setattr(module, attribute, wrap(function))
+    # execute.execute is quick_execute unless op callbacks are registered;
+    # their execute_with_callbacks calls the module's quick_execute, wrapped
+    # now, and removing them sets execute.execute to it again
+    if original_quick is not None and getattr(execute, "execute", None) is original_quick:
+        execute.execute = execute.quick_execute
+
+
+
 def run(fn, inputs, out_dtypes, out_shapes, name):
     """Calls ``fn`` (NumPy arrays in, a list of NumPy arrays out) on
     ``inputs``: at once when eager, as a graph node inside ``tf.function``.
     Returns a list of tensors with ``out_dtypes`` and (static) ``out_shapes``.
-    Eagerly, hora's errors are raised as the ``tf.errors`` classes Horovod
-    raises (see ``as_tf_error``); in a graph TensorFlow maps them itself
-    (``InvalidArgumentError`` for argument errors, ``UnknownError`` with
-    hora's message for the others)."""
+    hora's errors are raised as the ``tf.errors`` classes Horovod raises
+    (see ``as_tf_error``): at once when eager; from a graph (a
+    ``tf.function``, a ``tf.data`` map) when the function call or the
+    iterator step fails, with TensorFlow's message around hora's (see
+    ``_GRAPH_ERRORS``)."""
     if tf.executing_eagerly():
         try:
             outputs = fn(*[t.numpy() for t in inputs])
@@ -155,8 +279,11 @@ def run(fn, inputs, out_dtypes, out_shapes, name):
     _refuse_xla(name)
     node_name = _normalize(name).replace("/", "_").replace(".", "_")[:200] or "hora"
 
+    _install_error_translation()
+    node_fn = _raising_tf_errors(fn)
+
     def node(*xs):
-        return list(tf.numpy_function(fn, list(xs), list(out_dtypes), stateful=True,
+        return list(tf.numpy_function(node_fn, list(xs), list(out_dtypes), stateful=True,
                                       name=node_name))
 
     if tf.compat.v1.get_default_graph().building_function:

@@ -5,9 +5,11 @@ names (unnamed calls are matched by call order in eager mode and by the
 reduced tensor's name inside ``tf.function``). They work eagerly and inside
 ``tf.function``; XLA compilation (``jit_compile=True``) is refused with a
 clear error. Argument errors raise ``TypeError``/``ValueError`` at once;
-ranks that disagree about a collective get :class:`hora.HoraMismatchError`
-(eager) or a ``tf.errors.OpError`` carrying the same message (in a graph) on
-every rank.
+ranks that disagree about a collective get ``tf.errors.FailedPreconditionError``
+(also :class:`hora.HoraMismatchError`) on every rank, eagerly and from a
+``tf.function`` or a ``tf.data`` map (not from a TF1 ``Session``, where it
+is a ``tf.errors.UnknownError`` with the same message); an argument refused
+when the collective runs gives ``tf.errors.InvalidArgumentError``.
 
 ``allreduce`` (Sum and Average), ``grouped_allreduce``, ``allgather``,
 ``grouped_allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and
@@ -335,36 +337,50 @@ def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None,
     return forward(tensor)
 
 
+def _broadcast_variables(variables, root_rank, name, process_set, what):
+    """Assigns ``root_rank``'s values to ``variables``; returns the
+    variables and their assign ops (none when there are no variables)."""
+    ps = _checked_set(process_set, what)
+    root_rank = check_root(root_rank, what)
+    _check_root_in_set(root_rank, ps, what)
+    variables = list(variables)
+    if not variables:
+        return [], []
+    values = check_tensors([v.read_value() if hasattr(v, "read_value") else v for v in variables],
+                           what)
+    base = collective_name(name, "BroadcastVariables", values[0], ps.process_set_id)
+    results = _broadcast_now(values, root_rank, [f"{base}.{i}" for i in range(len(values))], ps)
+    return variables, [v.assign(r) for v, r in zip(variables, results)]
+
+
 def broadcast_variables(variables: Iterable[tf.Variable], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         inplace: bool = True) -> tf.Operation | None:
     """Assigns ``root_rank``'s values to ``variables`` (a list of
     ``tf.Variable``) on every rank (of ``process_set``; ``root_rank`` is a
     global rank in it), in one submission. Returns ``None`` when eager and
-    the grouped assign op inside ``tf.function``."""
-    return _broadcast_variables(variables, root_rank, None, process_set, "broadcast_variables")
-
-
-def _broadcast_variables(variables, root_rank, name, process_set, what):
-    ps = _checked_set(process_set, what)
-    root_rank = check_root(root_rank, what)
-    _check_root_in_set(root_rank, ps, what)
-    variables = list(variables)
-    if not variables:
+    the grouped assign op inside ``tf.function``, as Horovod does."""
+    _, assigns = _broadcast_variables(variables, root_rank, None, process_set,
+                                      "broadcast_variables")
+    if not assigns or tf.executing_eagerly():
         return None
-    values = check_tensors([v.read_value() if hasattr(v, "read_value") else v for v in variables],
-                           what)
-    base = collective_name(name, "BroadcastVariables", values[0], ps.process_set_id)
-    results = _broadcast_now(values, root_rank, [f"{base}.{i}" for i in range(len(values))], ps)
-    assigns = [v.assign(r) for v, r in zip(variables, results)]
-    return None if tf.executing_eagerly() else tf.group(*assigns)
+    return tf.group(*assigns)
 
 
 def broadcast_(variables: Iterable[tf.Variable], root_rank: int, name: str | None = None,
-               process_set: ProcessSet = global_process_set) -> tf.Operation | None:
-    """In-place broadcast of a list of variables (Horovod's spelling of
-    :func:`broadcast_variables`; ``name`` names the collectives)."""
-    return _broadcast_variables(variables, root_rank, name, process_set, "broadcast_")
+               process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """In-place broadcast of a list of variables: assigns ``root_rank``'s
+    values to them on every rank (of ``process_set``), in one submission
+    (``name`` names the collectives). Returns, as Horovod does, the list of
+    the variables' values after the broadcast (``v, = hvd.broadcast_([var],
+    0)``), eagerly and inside ``tf.function``, where reading them waits for
+    the assignments."""
+    variables, assigns = _broadcast_variables(variables, root_rank, name, process_set,
+                                              "broadcast_")
+    if tf.executing_eagerly():
+        return [v.read_value() for v in variables]
+    with tf.control_dependencies(assigns):
+        return [v.read_value() for v in variables]
 
 
 # --- alltoall ----------------------------------------------------------------

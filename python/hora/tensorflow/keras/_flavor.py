@@ -6,8 +6,13 @@ Keras 2 differ for hora.
 ``tf_keras`` package) when ``TF_USE_LEGACY_KERAS=1`` is set before
 TensorFlow is imported, which is how Horovod's Keras scripts run on current
 TensorFlow. TensorFlow reads that variable; hora asks ``tf.keras`` which
-one it chose. The optimizer wrapper recognizes optimizers of either Keras by
-their class, so only the callbacks and ``load_model`` follow this choice.
+one it chose by the package its classes come from, which is what a user's
+``tf.keras.Model`` and ``model.fit`` are made of. The module's name cannot
+tell: ``from tensorflow.keras.optimizers import Optimizer`` run before hora
+is imported makes ``tf.keras`` the ``tf_keras`` module under the name
+``tensorflow.keras``. The optimizer wrapper recognizes optimizers of either
+Keras by their class, so only the callbacks, ``SyncBatchNormalization`` and
+``load_model`` follow this choice.
 """
 
 from __future__ import annotations
@@ -16,26 +21,28 @@ from typing import Any
 
 import tensorflow as tf
 
-#: True when ``tf.keras`` is Keras 2 (``tf_keras``).
-LEGACY = tf.keras.__name__.startswith("tf_keras")
-
-if LEGACY:
-    try:
-        import tf_keras as keras
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("TF_USE_LEGACY_KERAS=1 makes tf.keras Keras 2, from the tf_keras "
-                          "package, which is not installed: pip install tf_keras") from error
-else:
-    import keras
-
-__all__ = ["LEGACY", "is_tf_keras", "keras", "learning_rate", "momentum_buffers",
-           "optimizer_variables", "set_learning_rate"]
-
 
 def is_tf_keras(obj: Any) -> bool:
     """Whether ``obj`` (an instance or a class) comes from Keras 2 (``tf_keras``)."""
     cls = obj if isinstance(obj, type) else type(obj)
     return any(c.__module__.startswith("tf_keras.") for c in cls.__mro__)
+
+
+try:
+    #: True when ``tf.keras`` is Keras 2 (``tf_keras``): its callbacks, the
+    #: base of hora's, are Keras 2 classes.
+    LEGACY = is_tf_keras(tf.keras.callbacks.Callback)
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("tf.keras cannot be imported; with TF_USE_LEGACY_KERAS=1 it is Keras 2, "
+                      "from the tf_keras package: pip install tf_keras") from error
+
+if LEGACY:
+    import tf_keras as keras  # already imported: tf.keras's classes come from it
+else:
+    import keras
+
+__all__ = ["LEGACY", "is_tf_keras", "keras", "learning_rate", "momentum_buffers",
+           "optimizer_variables", "set_learning_rate"]
 
 
 def _inner(optimizer: Any) -> Any:
