@@ -80,6 +80,36 @@ def test_broadcast_optimizer_state_with_missing_gradients_and_state(rank, size):
     assert not optimizer.state.get(unused.weight)
 
 
+@pytest.mark.parametrize("root_has_state", [False, True])
+def test_broadcast_optimizer_state_leaves_zero_gradients_as_horovod(rank, size, root_has_state):
+    # Horovod creates missing state by a step with zero gradients and leaves
+    # them there: every rank that had no state ends with a zero .grad on each
+    # parameter that requires grad; a frozen one keeps none, and a rank that
+    # had state keeps its own gradients.
+    model = two_layer_model()
+    model[1].bias.requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    before = [p.detach().clone() for p in model.parameters()]
+    stepped = rank == 0 and root_has_state
+    if stepped:
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        before = [p.detach().clone() for p in model.parameters()]
+        own = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    for p, start in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach(), start)  # parameters untouched
+    if stepped:
+        for p, grad in zip(model.parameters(), own):
+            assert (p.grad is None) == (grad is None)
+            if grad is not None:
+                torch.testing.assert_close(p.grad, grad)
+        return
+    assert model[1].bias.grad is None
+    for p in [model[0].weight, model[0].bias, model[1].weight]:
+        assert p.grad is not None and not p.grad.is_sparse and not p.grad.any()
+
+
 def test_broadcast_optimizer_state_creates_sparse_state(rank, size):
     torch.manual_seed(2)
     embedding = torch.nn.Embedding(6, 2, sparse=True)

@@ -102,11 +102,10 @@ def _sparse_parameters(optimizer, model):
     return sparse
 
 
-def _initialize_state(optimizer, model):
-    """Creates lazily built state the way Horovod does: one step with zero
-    gradients (sparse ones where the optimizer needs them). Parameters and
-    gradients are restored afterwards, so options such as weight decay do
-    not move the parameters."""
+def _zero_gradients(optimizer, model):
+    """Gives every parameter that requires grad a zero gradient (sparse
+    where the optimizer needs one), as Horovod's state-creating step does;
+    returns (parameter, its data, its gradient before) for each."""
     sparse = _sparse_parameters(optimizer, model)
     saved = []
     for group in optimizer.param_groups:
@@ -115,13 +114,25 @@ def _initialize_state(optimizer, model):
                 saved.append((p, p.detach().clone(), p.grad))
                 zeros = torch.zeros_like(p)
                 p.grad = zeros.to_sparse() if p in sparse else zeros
+    return saved
+
+
+def _initialize_state(optimizer, model):
+    """Creates lazily built state the way Horovod does: one step with zero
+    gradients (sparse ones where the optimizer needs them), which stay on
+    the parameters afterwards, as Horovod leaves them. The parameters are
+    restored, so options such as weight decay do not move them."""
+    saved = _zero_gradients(optimizer, model)
     try:
         _local_step(optimizer)
+    except BaseException:
+        for p, _, grad in saved:
+            p.grad = grad
+        raise
     finally:
         with torch.no_grad():
-            for p, data, grad in saved:
+            for p, data, _ in saved:
                 p.copy_(data)
-                p.grad = grad
 
 
 def _fit_state(optimizer, description):
@@ -160,15 +171,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     Scalar hyper-parameters (``lr``, ``momentum``, ``betas``, ...) of every
     parameter group and per-parameter state (tensors such as momentum
     buffers and Adam moments, and plain values) are taken from the root.
-    When the root has state but this rank has none yet (optimizers create it
-    lazily on the first step), it is first created as Horovod does, by one
-    step with zero gradients (parameters are left untouched; the gradients
-    are sparse for ``SparseAdam`` and for the sparse embeddings of
-    ``model``, when given), and then overwritten with the root's.
-    Parameters without a gradient or without state are handled. When the
-    root has no state yet, nothing but
-    the hyper-parameters is sent: the state will then be created identically
-    on every rank by the first step. Every rank must hold the same
+    When the root has state but this rank has none yet (optimizers create
+    it lazily on the first step), it is first created as Horovod does, by
+    one step with zero gradients (sparse ones for ``SparseAdam`` and for
+    the sparse embeddings of ``model``, when given), and then overwritten
+    with the root's; the parameters are left untouched (Horovod's step
+    moves them where weight decay applies). When the root has no state
+    yet, nothing but the hyper-parameters is sent: the state will then be
+    created identically on every rank by the first step (Horovod's step
+    would put weight decay into fresh momentum buffers). Either way, a
+    rank that had no state ends with a zero gradient on every parameter
+    that requires grad, as Horovod leaves it. Parameters without a
+    gradient or without state are handled. Every rank must hold the same
     parameters in the same groups. With ``process_set`` only that set's
     ranks take part (and call it). Raises ``ValueError`` for
     ``torch.optim.LBFGS`` (its state is not per-parameter), for a process set
@@ -195,6 +209,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if isinstance(optimizer, _ShardedOptimizer) and optimizer._hora_member:
         return _broadcast_sharded_state(optimizer, root_rank, process_set)
     is_root = rank() == root_rank
+    had_state = any(optimizer.state.get(p) for group in optimizer.param_groups
+                    for p in group["params"])
     description = _ops.broadcast_object(_describe(optimizer) if is_root else None, root_rank,
                                         name="broadcast_optimizer_state.layout",
                                         process_set=process_set)
@@ -211,17 +227,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         raise ValueError("broadcast_optimizer_state: " + "; ".join(problems))
 
     failure = None
-    if not is_root:
-        try:
-            root_has_state = any(entry is not None for _, entries in description
-                                 for entry in entries)
-            if root_has_state and not any(optimizer.state.get(p)
-                                          for group in optimizer.param_groups
-                                          for p in group["params"]):
-                _initialize_state(optimizer, model)
+    try:
+        root_has_state = any(entry is not None for _, entries in description
+                             for entry in entries)
+        if not is_root and root_has_state and not had_state:
+            _initialize_state(optimizer, model)
+        elif not had_state:
+            _zero_gradients(optimizer, model)
+        if not is_root:
             _fit_state(optimizer, description)
-        except Exception as error:  # reported on every rank below, so none hangs
-            failure = f"rank {rank()}: {type(error).__name__}: {error}"
+    except Exception as error:  # reported on every rank below, so none hangs
+        failure = f"rank {rank()}: {type(error).__name__}: {error}"
     failures = [f for f in _ops.allgather_object(failure, name="broadcast_optimizer_state.init",
                                                  process_set=process_set)
                 if f is not None]
