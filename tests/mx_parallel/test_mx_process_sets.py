@@ -288,8 +288,13 @@ def test_a_rank_outside_the_set_is_refused(rank, sets):
 
 
 def test_unregistered_sets_and_other_objects_are_refused(rank, size):
-    with pytest.raises(ValueError, match="is not registered"):
+    # The same classes and words as every adapter (hora.common._adapter.checks).
+    with pytest.raises(hora.HoraInvalidArgumentError, match="is not registered"):
         hvd.allreduce(mx.nd.ones((1,)), process_set=hvd.ProcessSet([0]))
+    with pytest.raises(hora.HoraTypeError, match="must be one of hora's process sets"):
+        hvd.allreduce(mx.nd.ones((1,)), process_set="evens")
+    with pytest.raises(hora.HoraTypeError, match="dtype bool is not supported"):
+        hvd.allreduce(mx.nd.ones((1,), dtype="bool"), name="mps.bool")
     with pytest.raises(ValueError, match="is not registered"):
         hvd.DistributedOptimizer(mx.optimizer.SGD(), process_set=hvd.ProcessSet([0]))
     for call in (lambda: hvd.broadcast_object(1, process_set=object()),

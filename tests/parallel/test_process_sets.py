@@ -174,8 +174,10 @@ def test_dynamic_sets_are_added_and_removed(rank, size, two_or_more):
     assert hora.remove_process_set(first) is True
     assert first.process_set_id is None
     assert hora.remove_process_set(first) is False  # as Horovod: nothing to remove
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(hora.HoraInvalidArgumentError, match="is not registered"):
         hora.allreduce(np.ones(1), process_set=first)
+    with pytest.raises(hora.HoraTypeError, match="must be one of hora's process sets"):
+        hora.allreduce(np.ones(1), process_set="evens")
     if second is not None:
         hora.remove_process_set(second)
     again = hora.add_process_set([0])  # the same ranks may come back

@@ -459,8 +459,13 @@ def test_a_rank_outside_the_set_is_refused(rank, sets):
 
 def test_unregistered_sets_and_other_objects_are_refused(rank, size):
     unregistered = hvd.ProcessSet([0])
-    with pytest.raises(ValueError, match="is not registered"):
+    # The same classes and words as every adapter (hora.common._adapter.checks).
+    with pytest.raises(hvd.HoraInvalidArgumentError, match="is not registered"):
         hvd.allreduce(torch.ones(1), process_set=unregistered)
+    with pytest.raises(hvd.HoraTypeError, match="must be one of hora's process sets"):
+        hvd.allreduce(torch.ones(1), process_set="evens")
+    with pytest.raises(hvd.HoraTypeError, match="dtype torch.complex64 is not supported"):
+        hvd.allreduce(torch.ones(1, dtype=torch.complex64), name="tps.complex")
     with pytest.raises(ValueError, match="is not registered"):
         hvd.DistributedOptimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
                                  process_set=unregistered)

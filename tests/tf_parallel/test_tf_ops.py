@@ -312,7 +312,7 @@ def test_bad_arguments_raise_at_once():
         hvd.grouped_allreduce([tf.zeros([2]), slices], postscale_factor=0.5)
     with pytest.raises(ValueError, match="cannot gather a scalar"):
         hvd.allgather(tf.constant(1.0))
-    with pytest.raises(TypeError, match="must be a hora.ProcessSet"):
+    with pytest.raises(TypeError, match="must be one of hora's process sets"):
         hvd.allreduce(tf.zeros([1]), process_set=object())
     with pytest.raises(ValueError, match="is not registered"):
         hvd.allreduce(tf.zeros([1]), process_set=hvd.ProcessSet([0]))

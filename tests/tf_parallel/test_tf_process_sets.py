@@ -338,12 +338,15 @@ def test_a_root_outside_the_set_is_refused(sets, mode):
 
 
 def test_bad_process_set_arguments():
-    with pytest.raises(TypeError, match="must be a hora.ProcessSet"):
+    # The same classes and words as every adapter (hora.common._adapter.checks).
+    with pytest.raises(hora.HoraTypeError, match="must be one of hora's process sets"):
         hvd.allgather(tf.ones([1]), process_set="evens")
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(hora.HoraInvalidArgumentError, match="is not registered"):
         hvd.DistributedGradientTape(tf.GradientTape(), process_set=hvd.ProcessSet([0]))
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(hora.HoraInvalidArgumentError, match="is not registered"):
         hk.DistributedOptimizer(keras.optimizers.SGD(0.1), process_set=hvd.ProcessSet([0]))
+    with pytest.raises(hora.HoraTypeError, match="dtype complex64 is not supported"):
+        hvd.allreduce(tf.zeros([2], tf.complex64), name="tps.complex")
 
 
 # --- training inside a set ---------------------------------------------------

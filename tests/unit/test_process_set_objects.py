@@ -6,7 +6,7 @@ every collective takes."""
 import pytest
 
 import hora
-from hora.common.process_sets import process_set_id
+from hora.common._adapter.checks import process_set_id
 
 
 def test_ranks_are_sorted_and_checked():
@@ -39,7 +39,7 @@ def test_process_set_id_of_arguments():
     registered = hora.ProcessSet([0, 1])
     registered.process_set_id = 7
     assert process_set_id(registered) == 7
-    with pytest.raises(ValueError, match="is not registered"):
+    with pytest.raises(hora.HoraInvalidArgumentError, match="allreduce: .* is not registered"):
         process_set_id(hora.ProcessSet([0, 1]), "allreduce")
-    with pytest.raises(TypeError, match="must be a hora.ProcessSet"):
+    with pytest.raises(hora.HoraTypeError, match="allreduce: process_set must be one of hora's"):
         process_set_id([0, 1], "allreduce")

@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
-from hora.common.arguments import check_op
+from hora.common._adapter.checks import check_op
 from hora.common.basics import Adasum, Average, ReduceOp, Sum
 from hora.common.compression import NoneCompressor
 

@@ -23,9 +23,9 @@ from hora.common._adapter.naming import auto_name, check_name, group_names
 from hora.common._adapter.submission import (
     KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BARRIER, KIND_BROADCAST,
     KIND_REDUCESCATTER, submit_arrays)
-from hora.common.arguments import op_value
+from hora.common._adapter.checks import op_value, process_set_id
 from hora.common.reduce_op import ReduceOp
-from hora.common.process_sets import ProcessSet, global_process_set, process_set_id
+from hora.common.process_sets import ProcessSet, global_process_set
 
 __all__ = [
     "Handle", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hora._loader import _C
+from hora.common.exceptions import HoraInvalidArgumentError
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -54,12 +55,6 @@ class ProcessSet:
         if negative:
             raise ValueError(f"ProcessSet({ranks!r}): ranks must not be negative, got {negative}")
         self.ranks = sorted(ranks)
-
-    def _registered_id(self, what: str) -> int:
-        if self.process_set_id is None:
-            raise ValueError(f"{what}: {self} is not registered; pass it to "
-                             f"hora.init(process_sets=[...]) or hora.add_process_set() first")
-        return self.process_set_id
 
     def size(self) -> int | None:
         """The number of ranks in the set, or None before it is registered."""
@@ -113,26 +108,34 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def process_set_id(process_set: ProcessSet | None, what: str = "process_set") -> int:
-    """The core's id for a ``process_set=`` argument (0 for the global set)."""
-    if process_set is None or process_set is global_process_set:
+def unregistered(process_set: ProcessSet, what: str) -> HoraInvalidArgumentError:
+    """The error for a set used before ``init`` or :func:`add_process_set`
+    registered it."""
+    return HoraInvalidArgumentError(
+        f"{what}: {process_set} is not registered; pass it to "
+        f"hora.init(process_sets=[...]) or hora.add_process_set() first")
+
+
+def _id(process_set: ProcessSet | None) -> int:
+    """The id of a set (the adapters check the argument first; see
+    hora.common._adapter.checks)."""
+    if process_set is None:
         return 0
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"{what}: process_set must be a hora.ProcessSet, got "
-                        f"{type(process_set).__name__}")
-    return process_set._registered_id(what)
+    if process_set.process_set_id is None:
+        raise unregistered(process_set, "process_set")
+    return process_set.process_set_id
 
 
 def set_size(process_set: ProcessSet | None) -> int:
     """The number of ranks a collective in ``process_set`` runs over."""
-    ident = process_set_id(process_set)
+    ident = _id(process_set)
     return len(_C.process_set_info(ident)[0]) if ident else _C.size()
 
 
 def set_rank(process_set: ProcessSet | None) -> int:
     """This process's rank within ``process_set`` (global rank for the
     global set); -1 when it is not a member."""
-    ident = process_set_id(process_set)
+    ident = _id(process_set)
     return _C.process_set_info(ident)[1] if ident else _C.rank()
 
 

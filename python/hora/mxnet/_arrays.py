@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import mxnet as mx
 import numpy as np
 
-from hora.common.exceptions import HoraTypeError
-from hora.common.process_sets import ProcessSet, global_process_set, process_set_id
+from hora.common._adapter.checks import process_set_object, unsupported_dtype
+from hora.common.process_sets import ProcessSet
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16,
                                                 np.float32, np.float64))
@@ -35,17 +35,8 @@ class Memory:
 
 def set_object(process_set: ProcessSet | None, what: str) -> ProcessSet:
     """``process_set`` as a registered :class:`hora.ProcessSet` (None: the
-    global set). ``ValueError`` for a set that is not registered,
-    :class:`hora.HoraTypeError` (a ``TypeError`` and a ``ValueError``) for
-    something that is not a process set."""
-    if process_set is global_process_set or process_set is None:
-        return global_process_set
-    if not isinstance(process_set, ProcessSet):
-        raise HoraTypeError(f"{what}: process_set must be one of hora's process sets (a "
-                            f"hora.ProcessSet: global_process_set or one made by "
-                            f"add_process_set), got {type(process_set).__name__}")
-    process_set_id(process_set, what)
-    return process_set
+    global set); see :mod:`hora.common._adapter.checks` for the errors."""
+    return process_set_object(process_set, what)
 
 
 def check_array(tensor: mx.nd.NDArray, what: str) -> mx.nd.NDArray:
@@ -60,9 +51,8 @@ def check_array(tensor: mx.nd.NDArray, what: str) -> mx.nd.NDArray:
         raise ValueError(f"{what}: the array is on {tensor.context}, but hora.mxnet handles CPU "
                          f"arrays only; copy it with .as_in_context(mx.cpu())")
     if np.dtype(tensor.dtype) not in SUPPORTED_DTYPES:
-        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise TypeError(f"{what}: dtype {np.dtype(tensor.dtype).name} is not supported; "
-                        f"supported dtypes are {names}")
+        raise unsupported_dtype(what, np.dtype(tensor.dtype).name,
+                                [d.name for d in SUPPORTED_DTYPES])
     return tensor
 
 

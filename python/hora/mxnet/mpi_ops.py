@@ -33,10 +33,11 @@ from hora.common import ops as _ops
 from hora.common._adapter.handles import Handle, synchronize
 from hora.common._adapter.naming import check_name, group_names
 from hora.common._adapter.submission import KIND_ALLGATHER, KIND_REDUCESCATTER, submit_arrays
-from hora.common.arguments import check_root, check_splits, op_value, resolve_op
+from hora.common._adapter.checks import check_root, check_splits, op_value, resolve_op
 from hora.common.basics import Average, ReduceOp, Sum  # noqa: F401 (re-exported by hora.mxnet)
+from hora.common._adapter.checks import process_set_id  # noqa: F401 (as below)
 from hora.common.process_sets import (  # noqa: F401 (Horovod's mxnet.mpi_ops has them)
-    ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set)
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 from hora.mxnet._arrays import SUPPORTED_DTYPES  # noqa: F401 (public here since the start)
 from hora.mxnet._arrays import Memory, check_array, check_arrays, set_object
 

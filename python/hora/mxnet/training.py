@@ -16,7 +16,7 @@ import mxnet as mx
 
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
-from hora.common.arguments import check_root
+from hora.common._adapter.checks import check_root
 from hora.common.basics import Sum
 from hora.common.compression import Compressor
 from hora.common.gradient_policy import GradientPolicy, gradient_policy

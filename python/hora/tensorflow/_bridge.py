@@ -24,9 +24,10 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from hora.common._adapter.checks import unsupported_dtype
 from hora.common._adapter.naming import auto_name
 from hora.common.exceptions import (
-    HoraError, HoraInvalidArgumentError, HoraMismatchError, HoraTypeError)
+    HoraError, HoraInvalidArgumentError, HoraMismatchError)
 
 def unconverted(fn):
     """Marks a function that builds a collective's graph node for AutoGraph
@@ -59,9 +60,7 @@ def check_tensor(tensor, what):
         raise TypeError(f"{what}: cannot make a tensor of {type(tensor).__name__}: {error}") \
             from None
     if tensor.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(d.name for d in SUPPORTED_DTYPES)
-        raise HoraTypeError(f"{what}: dtype {tensor.dtype.name} is not supported; supported "
-                            f"dtypes are {names}")
+        raise unsupported_dtype(what, tensor.dtype.name, [d.name for d in SUPPORTED_DTYPES])
     return tensor
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hora.common import ops as _ops
-from hora.common.arguments import check_root, resolve_op
+from hora.common._adapter.checks import check_root, resolve_op
 from hora.common.process_sets import ProcessSet, global_process_set
 
 

@@ -30,8 +30,8 @@ from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
 from hora.common.basics import Average, ReduceOp
 from hora.common.gradient_policy import gradient_policy
-from hora.common.process_sets import (
-    ProcessSet, global_process_set, process_set_id, set_rank, set_size)
+from hora.common._adapter.checks import process_set_id
+from hora.common.process_sets import ProcessSet, global_process_set, set_rank, set_size
 from hora.tensorflow._bridge import check_tensor, collective_name, run, unconverted
 from hora.tensorflow._outputs import OutputPool
 from hora.tensorflow.compression import Compression

@@ -39,15 +39,14 @@ import tensorflow as tf
 from hora._loader import _C
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
-from hora.common.arguments import check_root, check_splits, resolve_op
+from hora.common._adapter.checks import check_root, check_splits, process_set_id, resolve_op
 from hora.common.basics import (
     Adasum, Average, ReduceOp, Sum, is_initialized, local_rank, local_size, rank, size)
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraInvalidArgumentError, HoraTypeError
 # add_process_set and remove_process_set are here too, as in Horovod's mpi_ops
 from hora.common.process_sets import (  # noqa: F401
-    ProcessSet, add_process_set, global_process_set, process_set_id, remove_process_set,
-    set_rank, set_size)
+    ProcessSet, add_process_set, global_process_set, remove_process_set, set_rank, set_size)
 from hora.tensorflow._bridge import (
     as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run,
     unconverted)

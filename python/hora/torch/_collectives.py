@@ -23,13 +23,13 @@ from hora.common._adapter.handles import Handle, OneHandle, synchronize
 from hora.common._adapter.naming import check_name
 from hora.common._adapter.submission import (
     KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
-from hora.common.arguments import (  # noqa: F401 (used by the other torch modules)
-    check_op, check_root, check_splits, resolve_op)
+from hora.common._adapter.checks import (  # noqa: F401 (used by the other torch modules)
+    check_op, check_root, check_splits, process_set_id, resolve_op, unsupported_dtype)
 from hora.common.basics import (  # noqa: F401 (re-exported)
     Adasum, Average, Max, Min, ReduceOp, Sum)
 from hora.common.exceptions import HoraTypeError
 from hora.common.process_sets import (  # noqa: F401 (used by the other torch modules)
-    ProcessSet, global_process_set, process_set_id, set_rank, set_size)
+    ProcessSet, global_process_set, set_rank, set_size)
 
 SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64,
                     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool)
@@ -40,19 +40,9 @@ _CORE_DTYPES = {d: submission.DTYPE_CODES[str(d).replace("torch.", "")]
 
 # --- argument checks ---------------------------------------------------------
 
-def set_id(process_set: ProcessSet | None, what: str) -> int:
-    """The core's id of a ``process_set=`` argument: 0 for the global set
-    (one identity check on the per-gradient path), the registered id of
-    another :class:`hora.ProcessSet`. ``ValueError`` for a set that is not
-    registered, :class:`hora.HoraTypeError` (a ``TypeError`` and a
-    ``ValueError``) for something that is not a process set."""
-    if process_set is global_process_set or process_set is None:
-        return 0
-    if not isinstance(process_set, ProcessSet):
-        raise HoraTypeError(f"{what}: process_set must be one of hora's process sets (a "
-                            f"hora.ProcessSet: global_process_set or one made by "
-                            f"add_process_set), got {type(process_set).__name__}")
-    return process_set_id(process_set, what)
+#: The core's id of a ``process_set=`` argument (0 for the global set), or
+#: the error for a bad one (see hora.common._adapter.checks).
+set_id = process_set_id
 
 
 def set_object(process_set: ProcessSet | None) -> ProcessSet:
@@ -71,9 +61,8 @@ def check_tensor(tensor, what):
         raise ValueError(f"{what}: {tensor.layout} tensors are not supported; use a dense tensor "
                          f"(.to_dense())")
     if tensor.dtype not in _CORE_DTYPES:
-        names = ", ".join(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-        raise HoraTypeError(f"{what}: dtype {tensor.dtype} is not supported; supported dtypes "
-                            f"are {names}")
+        raise unsupported_dtype(what, str(tensor.dtype),
+                                [str(d).replace("torch.", "") for d in SUPPORTED_DTYPES])
 
 
 def check_tensors(tensors, what):

@@ -8,7 +8,7 @@ Put :class:`BroadcastGlobalVariablesCallback` first and
 import numpy as np
 
 from hora.common import ops as _ops
-from hora.common.arguments import check_root
+from hora.common._adapter.checks import check_root
 from hora.common.basics import size
 from hora.tensorflow.keras._flavor import (
     keras, learning_rate, momentum_buffers, optimizer_variables, set_learning_rate)
