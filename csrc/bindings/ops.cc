@@ -220,6 +220,73 @@ Request NewRequest(int kind, std::string name, const CollectiveOptions& o) {
   return r;
 }
 
+// A call this rank refuses (its tensors or arguments fail the checks here)
+// still takes part in the negotiation: each of its names is queued as
+// refused, with the reason, so that the ranks that submitted it correctly
+// raise too, naming this rank, instead of waiting for it. A name already
+// in flight here keeps its own course. Returns the refusals' Works.
+std::vector<std::shared_ptr<Work>> AnnounceRefusal(Engine& engine, int kind,
+                                                   const std::vector<std::string>& names,
+                                                   const std::string& group, int32_t group_size,
+                                                   const std::string& why) {
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<TensorEntry> entries;
+  entries.reserve(names.size());
+  for (const std::string& name : names) {
+    if (name.empty()) return {};  // nothing the other ranks could have submitted
+    TensorEntry entry;
+    entry.request.name = name;
+    entry.request.kind = static_cast<CollectiveKind>(kind);
+    entry.request.group = group;
+    entry.request.group_size = group_size;
+    entry.request.refused = why;
+    entry.work = std::make_shared<Work>();
+    works.push_back(entry.work);
+    entries.push_back(std::move(entry));
+  }
+  if (!engine.Enqueue(std::move(entries)).ok()) works.clear();
+  return works;
+}
+
+// How long a refusing rank waits for its refusal to meet the other ranks'
+// calls before raising. Until it has, the name stays in flight here, and a
+// caller that retries at once under the same name would be told so; ranks
+// that all make the same mistake meet within milliseconds. A rank whose
+// peers never make the call raises after this long, its refusal left in
+// flight (the stall inspector reports it).
+constexpr int kRefusalWaitMs = 2000;
+
+// The call's name for a refusal: none when it is not a string.
+std::vector<std::string> NameOf(py::handle name) {
+  if (!PyUnicode_Check(name.ptr())) return {};
+  return {name.cast<std::string>()};
+}
+
+// Runs `make` (viewing and checking the call's tensors); when it raises,
+// announces the refusal under the call's names (`names()`, asked only
+// then) before the error reaches the caller.
+template <typename Names, typename Make>
+auto Refusing(Engine& engine, int kind, Names&& names, const std::string& group, int32_t group_size,
+              Make&& make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (py::error_already_set& error) {
+    std::vector<std::shared_ptr<Work>> works =
+        AnnounceRefusal(engine, kind, names(), group, group_size, py::str(error.value()));
+    {
+      py::gil_scoped_release release;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(kRefusalWaitMs);
+      for (const auto& work : works) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            end - std::chrono::steady_clock::now());
+        Status ignored;
+        if (left.count() <= 0 || !work->WaitFor(left, &ignored)) break;
+      }
+    }
+    throw;
+  }
+}
+
 // Queues `w`'s collective and hands `w` to Python as its Work.
 py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry entry) {
   ThrowIfFailed(engine.EnqueueOne(std::move(entry)));
@@ -240,20 +307,25 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
   std::vector<std::unique_ptr<PyWork>> works;
   std::vector<TensorEntry> entries;
   const std::string group = o.grouped && count > 0 ? "group:" + name_list[0] : std::string();
+  const int32_t group_size = o.grouped ? static_cast<int32_t>(count) : 0;
   const py::list output_list = outputs.is_none() ? py::list() : outputs.cast<py::list>();
-  for (size_t i = 0; i < count; ++i) {
-    Request r = NewRequest(kind, name_list[i], o);
-    r.group = group;
-    r.group_size = o.grouped ? static_cast<int32_t>(count) : 0;
-    auto w = std::make_unique<PyWork>();
-    const bool in_place = o.in_place || (!outputs.is_none() && output_list[i].is(inputs[i]));
-    AttachTensors(w.get(), &r, inputs[i],
-                  outputs.is_none() || in_place ? py::none() : py::object(output_list[i]), in_place,
-                  o.dtypes.empty() ? -1 : o.dtypes[i], o.stream >= 0);
-    entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits,
-                                entries.empty() ? nullptr : &entries.back()));
-    works.push_back(std::move(w));
-  }
+  Refusing(
+      engine, kind, [&] { return name_list; }, group, group_size,
+      [&] {
+        for (size_t i = 0; i < count; ++i) {
+          Request r = NewRequest(kind, name_list[i], o);
+          r.group = group;
+          r.group_size = group_size;
+          auto w = std::make_unique<PyWork>();
+          const bool in_place = o.in_place || (!outputs.is_none() && output_list[i].is(inputs[i]));
+          AttachTensors(w.get(), &r, inputs[i],
+                        outputs.is_none() || in_place ? py::none() : py::object(output_list[i]),
+                        in_place, o.dtypes.empty() ? -1 : o.dtypes[i], o.stream >= 0);
+          entries.push_back(MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits,
+                                      entries.empty() ? nullptr : &entries.back()));
+          works.push_back(std::move(w));
+        }
+      });
   ThrowIfFailed(engine.Enqueue(std::move(entries)));
   py::list result;
   for (auto& w : works) {
@@ -288,7 +360,9 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
                    static_cast<DataType>(dtype));
   r.dtype = w->dtype = w->input->view().dtype;
   r.shape = w->input->view().shape;
-  TensorEntry entry = MakeEntry(w.get(), std::move(r), true, size, -1, o.splits);
+  TensorEntry entry = Refusing(
+      engine, kind, [&] { return NameOf(name); }, std::string(), 0,
+      [&] { return MakeEntry(w.get(), std::move(r), true, size, -1, o.splits); });
   return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 
@@ -335,9 +409,13 @@ py::object Submit(int kind, py::handle tensors, py::handle names, const Collecti
   Request r = NewRequest(kind, names.cast<std::string>(), o);
   const bool in_place = o.in_place || outputs.is(tensors);
   auto w = std::make_unique<PyWork>();
-  AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
-                o.dtypes.empty() ? -1 : o.dtypes[0], o.stream >= 0);
-  TensorEntry entry = MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits);
+  TensorEntry entry = Refusing(
+      engine, kind, [&] { return NameOf(names); }, std::string(), 0,
+      [&] {
+        AttachTensors(w.get(), &r, tensors, in_place ? py::none() : outputs, in_place,
+                      o.dtypes.empty() ? -1 : o.dtypes[0], o.stream >= 0);
+        return MakeEntry(w.get(), std::move(r), in_place, size, o.stream, o.splits);
+      });
   return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 

@@ -278,3 +278,36 @@ def test_error_classes_are_importable_from_hora(size):
     with pytest.raises(hora.HoraTypeError):
         hora.allreduce(np.zeros(2, np.complex64), name="call_errors.bad_dtype")
     check_usable("call_errors.after_classes", size)
+
+
+def test_a_call_refused_on_one_rank_fails_on_every_rank_at_once(rank, size):
+    """The refusing rank raises its own error; the ranks that made the call
+    correctly raise too, naming that rank and its reason, instead of waiting
+    for it (the stall inspector would report them only after minutes); the
+    job stays usable. Also for a name the response cache already knows, and
+    for a grouped call with one bad member."""
+    if size == 1:
+        pytest.skip("needs a second rank to wait")
+    last = size - 1
+    good = np.ones(3)
+    for attempt in range(3):  # a fresh name, then twice a name the cache holds
+        name = "call_errors.refused.root"
+        if attempt == 0:
+            hora.broadcast(good, root_rank=0, name=name)  # now in the response cache
+        error = capture(lambda name=name: hora.broadcast(
+            good, root_rank=size + 4 if rank == last else 0, name=name))
+        assert isinstance(error, hora.HoraInvalidArgumentError), error
+        if rank == last:
+            assert f"root_rank {size + 4} is out of range" in str(error)
+        else:
+            assert str(error).startswith(f"rank {last} refused its call: broadcast '{name}': "
+                                         f"root_rank {size + 4} is out of range"), str(error)
+        check_usable(f"call_errors.refused.after.{attempt}", size)
+    members = [np.ones(2), np.ones(2, np.complex64) if rank == last else np.ones(2)]
+    error = capture(lambda: hora.grouped_allreduce(members, name="call_errors.refused.group",
+                                                   op=hora.Sum))
+    assert isinstance(error, (hora.HoraTypeError, hora.HoraInvalidArgumentError)), error
+    if rank != last:
+        assert f"rank {last} refused its call: tensor 'call_errors.refused.group.1' has " \
+               f"unsupported element" in str(error)
+    check_usable("call_errors.refused.after.group", size)

@@ -102,10 +102,14 @@ void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int
     for (size_t k = first; k < end; ++k) {
       Request& request = requests[k];
       request.rank = comm_->rank();
-      const int64_t slot =
-          cache_enabled_ && ResponseCache::Cacheable(request) ? cache_.Find(request.name) : -1;
+      const bool refused = !request.refused.empty();
+      const int64_t slot = cache_enabled_ && (refused || ResponseCache::Cacheable(request))
+                               ? cache_.Find(request.name)
+                               : -1;
       slots[k - first] = slot;
-      const bool matches = slot >= 0 && cache_.Matches(slot, request);
+      // A refusal goes to the coordinator, and takes any cached entry of
+      // its name along (the other ranks' requests must meet it there).
+      const bool matches = !refused && slot >= 0 && cache_.Matches(slot, request);
       if (!matches || pending_cached_.count(slot) != 0) all_hit = false;
       // Same name, different parameters: every rank must forget the entry,
       // and the request goes to the coordinator, which will report the

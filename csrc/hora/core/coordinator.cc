@@ -227,6 +227,15 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   Response response;
   response.name = name;
   response.kind = first.kind;
+  // Ranks that refused their call: every rank fails with their reasons.
+  for (int r : ranks) {
+    const std::string& why = p.by_rank[r].refused;
+    if (why.empty()) continue;
+    response.error_code = StatusCode::kInvalidArgument;
+    response.error += (response.error.empty() ? "" : "; ") + std::string("rank ") +
+                      std::to_string(NameOf(names_, r)) + where_ + " refused its call: " + why;
+  }
+  if (response.is_error()) return response;
   response.dtype = first.dtype;
   response.op = first.op;
   response.root = first.root;

@@ -97,6 +97,7 @@ void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
     w.PutString(r.group);
     w.Put<int32_t>(r.group_size);
     w.PutString(r.site);
+    w.PutString(r.refused);
   }
 }
 
@@ -110,7 +111,8 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
     if (!rd.Get(&r.rank) || !rd.GetString(&r.name) || !rd.Get(&kind) || !rd.Get(&op) ||
         !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) ||
         !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) ||
-        !rd.GetString(&r.group) || !rd.Get(&r.group_size) || !rd.GetString(&r.site)) {
+        !rd.GetString(&r.group) || !rd.Get(&r.group_size) || !rd.GetString(&r.site) ||
+        !rd.GetString(&r.refused)) {
       return Status::Internal("truncated request");
     }
     r.kind = static_cast<CollectiveKind>(kind);

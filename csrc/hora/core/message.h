@@ -33,6 +33,11 @@ struct Request {
   // Where the caller submitted it ("train.py:42 in step"), recorded only at
   // debug log level; named in mismatch errors.
   std::string site;
+  // Non-empty: this rank refused its call (why, in its own words) before
+  // any tensor was attached. It still takes part in the negotiation, so
+  // that the ranks that submitted the name fail with this reason instead
+  // of waiting for this rank.
+  std::string refused;
 
   int64_t NumElements() const;
 };
