@@ -219,6 +219,13 @@ TEST(Config, AMalformedValueIsAnInvalidArgumentNamingTheVariable) {
        "environment variable HORA_CYCLE_TIME_MS='fast' is not a non-negative number"},
       {{{"HOROVOD_CYCLE_TIME", "-2"}},
        "environment variable HOROVOD_CYCLE_TIME='-2' is not a non-negative number"},
+      {{{"HORA_CYCLE_TIME_MS", "inf"}},
+       "environment variable HORA_CYCLE_TIME_MS='inf' is not a non-negative number"},
+      {{{"HORA_STALL_CHECK_TIME_SECONDS", "nan"}},
+       "environment variable HORA_STALL_CHECK_TIME_SECONDS='nan' is not a non-negative number"},
+      {{{"HORA_FUSION_THRESHOLD_BYTES", "99999999999999999999"}},
+       "environment variable HORA_FUSION_THRESHOLD_BYTES='99999999999999999999' is not a "
+       "non-negative integer"},
       {{{"HORA_AUTOTUNE", "maybe"}}, "environment variable HORA_AUTOTUNE='maybe' is not 1 or 0"},
       {{{"HOROVOD_HIERARCHICAL_ALLREDUCE", "on"}},
        "environment variable HOROVOD_HIERARCHICAL_ALLREDUCE='on' is not 1 or 0"},

@@ -1,5 +1,7 @@
 #include "hora/core/config.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -32,8 +34,10 @@ Status Invalid(const Source& source, const char* expected) {
 Status ReadInt(const Source& source, int64_t minimum, int64_t* out) {
   if (source.value == nullptr) return Status::OK();
   char* end = nullptr;
+  errno = 0;
   const long long parsed = std::strtoll(source.value, &end, 10);
-  if (end == source.value || *end != '\0' || parsed < minimum) {
+  // Out of range (ERANGE) is an error, not the clamped extreme.
+  if (end == source.value || *end != '\0' || errno == ERANGE || parsed < minimum) {
     return Invalid(source, minimum == 0 ? "a non-negative integer" : "a positive integer");
   }
   *out = parsed;
@@ -44,7 +48,9 @@ Status ReadDouble(const Source& source, double* out) {
   if (source.value == nullptr) return Status::OK();
   char* end = nullptr;
   const double parsed = std::strtod(source.value, &end);
-  if (end == source.value || *end != '\0' || parsed < 0) {
+  // NaN and infinity are no durations (an infinite cycle time would
+  // overflow the engine's wait).
+  if (end == source.value || *end != '\0' || !std::isfinite(parsed) || parsed < 0) {
     return Invalid(source, "a non-negative number");
   }
   *out = parsed;
