@@ -147,6 +147,10 @@ step bench-sharding-cpu 120 horarun -np 2 "$python" -m hora.bench sharding --mea
 # 4 ranks sharing the GPU (collectives staged through host memory)
 step bench-sharding-gpu 240 horarun -np 4 "$python" -m hora.bench sharding --cuda --measure memory \
   --width 768 --layers 10 --vocabulary 16384 --batch-size 1 --json "$out/sharding_gpu.json"
+# CPU a process spends beside a busy process set on a machine with a core
+# per rank (engines may spin): the ranks outside the busy set should stay idle
+step idle-busy-set 60 horarun -np 4 "$python" -m hora.bench idle --busy-set 0,1 --seconds 5 \
+  --json "$out/idle_busy_set.json"
 step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
   --junitxml="$out/junit_ranks.xml"
 step digits-1rank 60 digits 1
