@@ -21,7 +21,7 @@ def fake_mpirun(body):
             if event == "exited":
                 fields += [outcome, repr(time.time() if at is None else at)]
             elif event == "raised":
-                fields.append(repr(time.time() if at is None else at))
+                fields += [repr(time.time() if at is None else at), outcome or "own"]
             line = {markers._LEAD!r} + " ".join(fields).encode() + b"\\n"
             sys.stdout.buffer.write(line); sys.stdout.buffer.flush()
     """)
@@ -75,13 +75,26 @@ def test_the_rank_that_raised_first_is_named_though_a_peer_exited_first():
     outcome, *_ = run("""
         emit("started", 0); emit("started", 1)
         now = time.time()
-        emit("raised", 1, at=now - 1.0); emit("raised", 0, at=now - 0.5)
+        emit("raised", 1, at=now - 1.0); emit("raised", 0, "peer", at=now - 1.5)
         emit("exited", 0, "code=1", at=now)
         sys.exit(1)
     """)
     assert outcome.code == 1
     assert outcome.message == ("horarun: rank 1 on host host1 failed first (exit code 1); the job "
                                "was stopped")
+
+
+def test_a_killed_rank_is_named_though_its_peers_raised():
+    # Rank 1 was killed; rank 0 then raised (lost connection) and exited.
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        now = time.time()
+        emit("exited", 1, "signal=SIGKILL", at=now - 1.0)
+        emit("raised", 0, "peer", at=now - 1.5); emit("exited", 0, "code=1", at=now)
+        sys.exit(1)
+    """)
+    assert outcome.first_failure.rank == 1
+    assert outcome.code == 128 + signal.SIGKILL
 
 
 def test_a_raise_that_did_not_end_the_job_is_no_failure():

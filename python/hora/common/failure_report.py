@@ -4,8 +4,10 @@ catch, so that horarun can name the rank whose failure started a job's end.
 Without it, horarun can only compare when ranks exited: a rank that raises
 shuts hora down on its way out, its peers then fail with
 ``HoraShutdownError`` and may exit before it does. The report is one line,
-``raised TIME``, on the pipe that horarun's rank wrapper names in
-HORA_RUNNER_REPORT_FD; outside horarun nothing is installed.
+``raised TIME own`` (or ``peer`` for the errors a rank gets because of
+another: a lost peer, a shutdown, a stall), on the pipe that horarun's
+rank wrapper names in HORA_RUNNER_REPORT_FD; outside horarun nothing is
+installed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+
+from hora.common.exceptions import HoraInternalError, HoraShutdownError, HoraTimeoutError
 
 _installed = False
 
@@ -30,7 +34,9 @@ def install() -> None:
     def report(kind, error, trace):
         if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
             try:
-                os.write(fd, f"raised {time.time():.6f}\n".encode())
+                whose = "peer" if issubclass(
+                    kind, (HoraInternalError, HoraShutdownError, HoraTimeoutError)) else "own"
+                os.write(fd, f"raised {time.time():.6f} {whose}\n".encode())
             except OSError:
                 pass  # horarun's wrapper is gone: nobody to tell
         previous(kind, error, trace)

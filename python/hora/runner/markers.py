@@ -10,8 +10,10 @@ the outcome (``code=N`` or ``signal=NAME``), and for ``raised`` and
 ``exited`` the time (seconds since the epoch): the order in which markers
 reach horarun from several hosts is not the order in which ranks failed.
 ``raised`` says when the rank's program met an exception it did not catch
-(hora reports it; see ``hora.common.failure_report``): a rank whose peers
-fail because it stopped exits later than they may, but raised first.
+(hora reports it; see ``hora.common.failure_report``), and whether the
+error was its own or came from a peer (``own`` or ``peer``, in the outcome
+field): a rank whose peers fail because it stopped exits later than they
+may, but raised first.
 """
 import dataclasses
 import signal
@@ -32,7 +34,7 @@ class Marker:
     event: str
     rank: int
     host: str
-    outcome: str = ""  # "code=N" or "signal=NAME" for "exited"
+    outcome: str = ""  # "code=N" or "signal=NAME" for "exited", "own"/"peer" for "raised"
     time: float = 0.0  # when it exited ("exited") or raised ("raised")
 
     def describe(self):
@@ -50,7 +52,7 @@ def encode(marker):
     if marker.event == "exited":
         fields += [marker.outcome, f"{marker.time:.6f}"]
     elif marker.event == "raised":
-        fields.append(f"{marker.time:.6f}")
+        fields += [f"{marker.time:.6f}", marker.outcome or "own"]
     return _LEAD + " ".join(fields).encode() + b"\n"
 
 
@@ -65,8 +67,8 @@ def decode(line):
             return Marker("started", int(fields[1]), fields[2])
         if fields[0] == "exited" and len(fields) == 5:
             return Marker("exited", int(fields[1]), fields[2], fields[3], float(fields[4]))
-        if fields[0] == "raised" and len(fields) == 4:
-            return Marker("raised", int(fields[1]), fields[2], time=float(fields[3]))
+        if fields[0] == "raised" and len(fields) == 5:
+            return Marker("raised", int(fields[1]), fields[2], fields[4], float(fields[3]))
     except (IndexError, ValueError):
         pass
     return None

@@ -121,18 +121,19 @@ def _write(sink, data):
 
 
 def _relay_reports(source, rank, host):
-    """Turns the command's reports (``raised TIME`` lines on the pipe named
-    by HORA_RUNNER_REPORT_FD) into markers for horarun."""
+    """Turns the command's reports (``raised TIME own|peer`` lines on the
+    pipe named by HORA_RUNNER_REPORT_FD) into markers for horarun."""
     with os.fdopen(source, "rb") as reports:
         for line in reports:
             fields = line.split()
-            if len(fields) == 2 and fields[0] == b"raised":
-                try:
-                    when = float(fields[1])
-                except ValueError:
-                    continue
-                _write(sys.stdout.buffer,
-                       markers.encode(markers.Marker("raised", rank, host, time=when)))
+            if len(fields) != 3 or fields[0] != b"raised" or fields[2] not in (b"own", b"peer"):
+                continue
+            try:
+                when = float(fields[1])
+            except ValueError:
+                continue
+            marker = markers.Marker("raised", rank, host, fields[2].decode(), when)
+            _write(sys.stdout.buffer, markers.encode(marker))
 
 
 def _write_exited(rank, host, outcome):
