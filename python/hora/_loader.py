@@ -10,6 +10,8 @@ library is located through the wheel's own file list and loaded first.
 import ctypes
 import importlib
 import importlib.metadata
+import types
+from typing import TYPE_CHECKING
 
 
 def _pypi_libmpi():
@@ -23,7 +25,7 @@ def _pypi_libmpi():
     return None
 
 
-def load_core():
+def load_core() -> types.ModuleType:
     try:
         return importlib.import_module("hora._C")
     except ImportError as error:
@@ -40,4 +42,8 @@ def load_core():
         return importlib.import_module("hora._C")
 
 
-_C = load_core()
+if TYPE_CHECKING:
+    # what load_core() returns, as python/hora/_C.pyi describes it
+    import hora._C as _C
+else:
+    _C = load_core()

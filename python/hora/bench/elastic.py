@@ -86,17 +86,18 @@ def measure_commit(sizes_mb: list[float], repeats: int) -> list[dict]:
         optimizer.step()  # momentum buffers exist, as in training
         state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0)
         with tempfile.TemporaryDirectory(prefix="hora-bench-commit-") as folder:
-            state._store = CommitStore(folder, writer=True)
+            store = CommitStore(folder, writer=True)
+            state._store = store
             in_commit, in_write = [], []
             for _ in range(repeats):
                 start = time.perf_counter()
                 state.commit()
                 returned = time.perf_counter()
-                state._store.flush()
+                store.flush()
                 written = time.perf_counter()
                 in_commit.append(returned - start)
                 in_write.append(written - start)
-            file_mb = os.path.getsize(state._store.path) / 2**20
+            file_mb = os.path.getsize(store.path) / 2**20
         rows.append({"parameters_mb": width * width * 4 / 2**20, "file_mb": file_mb,
                      "commit_s": statistics.median(in_commit),
                      "until_written_s": statistics.median(in_write)})

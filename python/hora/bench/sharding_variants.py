@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import torch
 
@@ -102,7 +103,7 @@ class ComputeOnly(Variant):
 
 class Hora(Variant):
     name, label = "hora", "hora DistributedOptimizer, replicated"
-    sharding = None
+    sharding: str | None = None
 
     def __init__(self, setup):
         super().__init__(setup)
@@ -140,7 +141,7 @@ class HoraZero3(Hora):
     sharding = "parameters"
 
 
-_process_group = []
+_process_group: list[Any] = []  # torch.distributed, once it is started
 
 
 def torch_distributed():

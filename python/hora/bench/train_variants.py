@@ -4,6 +4,8 @@ DistributedDataParallel (gloo on CPU, NCCL on CUDA) and Horovod's
 DistributedOptimizer. Each owns a copy of the model (the same initial
 weights everywhere) and its optimizer."""
 
+from __future__ import annotations
+
 import os
 
 import torch
@@ -62,7 +64,7 @@ class Variant:
 
 class Hora(Variant):
     name, label = "hora", "hora DistributedOptimizer"
-    bucket_bytes = None  # HORA_GRADIENT_BUCKET_BYTES, 25 MiB by default
+    bucket_bytes: int | None = None  # HORA_GRADIENT_BUCKET_BYTES, 25 MiB by default
 
     def __init__(self, setup):
         super().__init__(setup)

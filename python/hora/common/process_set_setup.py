@@ -25,20 +25,20 @@ def setup_at_init(process_sets: Sequence[ProcessSet]) -> None:
     sets are collected from every rank first, since each rank holds only
     the communicators it belongs to."""
     global_process_set.ranks = list(range(_C.size()))
-    by_ranks = [ps for ps in process_sets if ps.ranks is not None]
-    by_comm = [ps for ps in process_sets if ps.ranks is None]
-    for ps in by_comm:
-        ps.ranks = _ranks_of_comm(ps.mpi_comm)
+    by_ranks = [(ps, ps.ranks) for ps in process_sets if ps.ranks is not None]
+    by_comm = [(ps, _ranks_of_comm(ps.mpi_comm)) for ps in process_sets if ps.ranks is None]
+    for ps, ranks in by_comm:
+        ps.ranks = ranks
     if _C.size() > 1 or by_comm:
-        everyone = allgather_object(sorted({tuple(ps.ranks) for ps in by_comm}),
+        everyone = allgather_object(sorted({tuple(ranks) for _, ranks in by_comm}),
                                     name="hora.process_sets.from_comms")
         comm_sets = sorted({ranks for mine in everyone for ranks in mine})
     else:
         comm_sets = []
     seen: dict[tuple[int, ...], ProcessSet] = {}
     size = _C.size()
-    for ps in by_ranks:
-        key = tuple(ps.ranks)
+    for ps, ranks in by_ranks:
+        key = tuple(ranks)
         outside = [r for r in key if r >= size]
         if outside:  # the core's words (ranks are sorted and not negative)
             raise ValueError(f"init(process_sets=...): {ps}: rank {outside[0]} is outside the "
@@ -54,5 +54,5 @@ def setup_at_init(process_sets: Sequence[ProcessSet]) -> None:
             ids[ranks] = seen[ranks].process_set_id
             continue
         ids[ranks] = _C.add_process_set(list(ranks))
-    for ps in by_comm:
-        ps.process_set_id = ids[tuple(ps.ranks)]
+    for ps, ranks in by_comm:
+        ps.process_set_id = ids[tuple(ranks)]

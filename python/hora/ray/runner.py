@@ -1,4 +1,6 @@
 """``hora.ray.RayExecutor``: a hora job whose ranks live in Ray actors."""
+from __future__ import annotations
+
 import dataclasses
 import sys
 import threading
@@ -22,10 +24,10 @@ class RaySettings:
     """What :meth:`RayExecutor.create_settings` returns."""
     timeout_s: float = 300.0
     placement_group_timeout_s: float = 100.0
-    nics: set = None
+    nics: set | None = None
     verbose: int = 1
-    extra_mpi_args: str = None
-    ssh_identity_file: str = None
+    extra_mpi_args: str | None = None
+    ssh_identity_file: str | None = None
 
 
 class RayExecutor:

@@ -26,6 +26,7 @@ from typing import Callable
 
 from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
+from hora.runner.supervise import Outcome
 
 # How often the discovery script is run while the job trains.
 DISCOVERY_INTERVAL_S = 1.0
@@ -237,7 +238,7 @@ class _Watcher:
 
 
 def run(options: ElasticOptions, discovery: Discovery,
-        launch: Callable[[int, list[hostlib.Host] | None, dict[str, str]], object],
+        launch: Callable[[int, list[hostlib.Host] | None, dict[str, str]], Outcome],
         env: dict[str, str], command: list[str], log: Callable[[str], None],
         first_np: int | None = None) -> int:
     """The elastic loop. ``launch(num_proc, hosts, extra_env)`` runs one job

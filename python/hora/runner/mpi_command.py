@@ -4,6 +4,8 @@ Things that differ between machines (environment, core count, user id) are
 parameters with live defaults, so the argument logic can be tested with any
 values.
 """
+from __future__ import annotations
+
 import dataclasses
 import importlib.metadata
 import os
@@ -169,13 +171,13 @@ class LaunchSpec:
     ``machinefile`` is where the caller wrote ``hosts`` for Hydra-based MPIs.
     """
     num_proc: int
-    hosts: list = None
+    hosts: list | None = None
     cores: int = 1
     env_names: list = dataclasses.field(default_factory=list)
-    binding_args: list = None
+    binding_args: list | None = None
     mpi_args: list = dataclasses.field(default_factory=list)
     euid: int = 1000
-    machinefile: str = None
+    machinefile: str | None = None
 
     @property
     def slots(self):

@@ -6,6 +6,8 @@ rank exits non-zero; horarun names the culprit, and if mpirun has not
 brought the job down soon after, stops it itself, so that a dead rank never
 leaves the others waiting in a collective.
 """
+from __future__ import annotations
+
 import dataclasses
 import os
 import queue
@@ -37,7 +39,7 @@ TRANSIENT_START_FAILURES = (b"PMIx server's listener thread failed to start",)
 class Outcome:
     code: int                       # what horarun exits with
     message: str = ""               # the one-line summary printed on failure
-    first_failure: markers.Marker = None
+    first_failure: markers.Marker | None = None
     started: frozenset = frozenset()
     transient_start_failure: bool = False  # safe to launch again: see TRANSIENT_START_FAILURES
     stopped: bool = False           # by Ctrl-C or SIGTERM: not a failure to recover from
@@ -194,16 +196,24 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
 
 
 def _cause(first_failure, failures, raised):
-    """The failed rank that started the job's end: the one whose program
-    raised first (an uncaught exception ends it with exit code 1, also when
-    horarun stops it before it gets that far); else the first to exit. A
-    rank that raises shuts hora down on its way out, and its peers may fail
-    and exit before it does."""
-    if first_failure is None or not raised:
+    """The failed rank that started the job's end: the one whose failure
+    came first, a rank's failure being when its program raised an
+    exception of its own that it did not catch (which ends it with exit
+    code 1, also when horarun stops it before it gets that far), or else
+    when it ended. A rank that raises shuts hora down on its way out, and
+    its peers may fail and exit before it does; the peers of a killed rank
+    raise before its wrapper has seen it die. Their errors (a lost peer, a
+    shutdown, a stall; reported as "peer") blame nobody."""
+    own = {rank: marker for rank, marker in raised.items() if marker.outcome != "peer"}
+    if first_failure is None or not own:
         return first_failure  # a process that raised did not end the job
-    first = min(raised.values(), key=lambda marker: marker.time)
-    return failures.get(first.rank) or markers.Marker("exited", first.rank, first.host, "code=1",
-                                                      first.time)
+    when = {rank: marker.time for rank, marker in failures.items()}
+    when.update({rank: marker.time for rank, marker in own.items()})
+    rank = min(when, key=lambda r: (when[r], r))
+    if rank in failures:
+        return failures[rank]
+    marker = own[rank]
+    return markers.Marker("exited", rank, marker.host, "code=1", marker.time)
 
 
 def _rank_list(ranks):

@@ -118,7 +118,7 @@ def _refuse_xla(name):
 # failure, each still an instance of hora's class (and so of RuntimeError or
 # ValueError): ranks that disagree -> FailedPreconditionError, bad arguments
 # -> InvalidArgumentError, anything else (a lost peer, shutdown) -> UnknownError.
-_TF_ERROR_CLASSES = {}
+_TF_ERROR_CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _tf_error_class(error):
@@ -159,7 +159,7 @@ def as_tf_error(error):
 # last line of its traceback, class and message) is raised as the noted
 # class instead: Horovod's tf.errors class, still hora's class too, with
 # TensorFlow's message. Other errors pass through untouched.
-_GRAPH_ERRORS = collections.deque(maxlen=64)
+_GRAPH_ERRORS: collections.deque[tuple[str, type]] = collections.deque(maxlen=64)
 _GRAPH_ERRORS_LOCK = threading.Lock()
 
 

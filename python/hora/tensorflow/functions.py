@@ -79,7 +79,11 @@ def _session_run_hook_base() -> type:
     return getattr(train, "SessionRunHook", object)
 
 
-class BroadcastGlobalVariablesHook(_session_run_hook_base()):
+# Made at import time; to a type checker, a class it knows nothing of.
+_SessionRunHook: Any = _session_run_hook_base()
+
+
+class BroadcastGlobalVariablesHook(_SessionRunHook):
     """Horovod's TF1 ``SessionRunHook``: once the session exists, assigns
     ``root_rank``'s values to every global variable, so that all ranks start
     alike (``tf.compat.v1.train.MonitoredTrainingSession(hooks=[...])``)."""

@@ -14,7 +14,12 @@ from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer
 
 
-class _DistributedTape:
+# _DistributedTape's base, to a type checker: the wrapped tape's class,
+# which it knows nothing of (TensorFlow is read untyped).
+_Tape: Any = object
+
+
+class _DistributedTape(_Tape):
     """Mixed in before the wrapped tape's class; shares the tape's state."""
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
@@ -88,7 +93,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               groups, num_groups, process_set, what="DistributedGradientTape",
                               stacklevel=2, scale_local_gradients=scale_local_gradients)
-    cls = type(gradtape.__class__.__name__, (_DistributedTape, gradtape.__class__), {})
+    cls: Any = type(gradtape.__class__.__name__, (_DistributedTape, gradtape.__class__), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hora_reducer = reducer

@@ -73,7 +73,7 @@ class GradientReducer:
         self.scale_local_gradients = bool(scale_local_gradients)
         # the variables (tf or Keras 3) whose gradients stay local, by id;
         # holding them keeps their ids from being reused
-        self.local = {}
+        self.local: dict[int, Any] = {}
         self._outputs = OutputPool()
 
     def register_local(self, variable: Any) -> None:

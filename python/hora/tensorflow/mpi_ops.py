@@ -283,13 +283,13 @@ def grouped_allgather(tensors: Iterable[TensorLike], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """:func:`allgather` of each tensor of a list, submitted together; returns a list."""
     ps = _checked_set(process_set, "grouped_allgather")
-    tensors = check_tensors(tensors, "grouped_allgather")
-    if not tensors:
+    checked = check_tensors(tensors, "grouped_allgather")
+    if not checked:
         return []
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(checked):
         _check_gatherable(t, f"grouped_allgather (tensor {i})")
-    base = collective_name(name, "GroupedAllgather", tensors[0], ps.process_set_id)
-    return _differentiable_allgather(tensors, [f"{base}.{i}" for i in range(len(tensors))], ps)
+    base = collective_name(name, "GroupedAllgather", checked[0], ps.process_set_id)
+    return _differentiable_allgather(checked, [f"{base}.{i}" for i in range(len(checked))], ps)
 
 
 # --- broadcast ---------------------------------------------------------------
@@ -498,16 +498,16 @@ def grouped_reducescatter(tensors: Iterable[TensorLike], device_dense: str = "",
     (Horovod's arguments; ``name``, not in Horovod's, names the collectives)."""
     ps = _checked_set(process_set, "grouped_reducescatter")
     op = resolve_op(None, op, "grouped_reducescatter")
-    tensors = check_tensors(tensors, "grouped_reducescatter")
-    if not tensors:
+    checked = check_tensors(tensors, "grouped_reducescatter")
+    if not checked:
         return []
-    for i, t in enumerate(tensors):
+    for i, t in enumerate(checked):
         _check_gatherable(t, f"grouped_reducescatter (tensor {i})")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
-    base = collective_name(name, "GroupedReducescatter", tensors[0], ps.process_set_id)
-    compressed = [compression.compress(t) for t in tensors]
+    base = collective_name(name, "GroupedReducescatter", checked[0], ps.process_set_id)
+    compressed = [compression.compress(t) for t in checked]
     reduced = _differentiable_reducescatter([c for c, _ in compressed],
-                                            [f"{base}.{i}" for i in range(len(tensors))],
+                                            [f"{base}.{i}" for i in range(len(checked))],
                                             op, prescale, postscale, ps)
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 

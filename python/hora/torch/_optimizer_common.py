@@ -27,7 +27,13 @@ def gradient_ready_hook(optimizer: Any) -> Callable[[torch.Tensor], None]:
     return hook
 
 
-class SynchronizeSwitch:
+# The optimizer classes are mixed in before the wrapped torch.optim.Optimizer
+# subclass (whose methods they extend through super()); to a type checker
+# that class is unknown, since torch is read untyped.
+_WrappedOptimizer: Any = object
+
+
+class SynchronizeSwitch(_WrappedOptimizer):
     """Mixed into the optimizer classes: ``skip_synchronize()``. They set
     ``_hora_should_synchronize = True`` at wrapping."""
 

@@ -141,9 +141,9 @@ def grouped_allreduce_async(tensors: Iterable[torch.Tensor], average: bool | Non
     as :func:`allreduce_async`; not differentiable."""
     ident = set_id(process_set, "grouped_allreduce_async")
     op = resolve_op(average, op, "grouped_allreduce_async")
-    tensors = check_tensors(tensors, "grouped_allreduce_async")
-    names = group_names(name, len(tensors), "grouped_allreduce", ident)
-    works, outputs = start_allreduce(tensors, names, op, prescale_factor, postscale_factor, True,
+    listed = check_tensors(tensors, "grouped_allreduce_async")
+    names = group_names(name, len(listed), "grouped_allreduce", ident)
+    works, outputs = start_allreduce(listed, names, op, prescale_factor, postscale_factor, True,
                                      ident)
     return Handle(works, lambda ws: outputs)
 
@@ -177,11 +177,11 @@ def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], average: bool | No
     list of input tensors, now holding the results."""
     ident = set_id(process_set, "grouped_allreduce_async_")
     op = resolve_op(average, op, "grouped_allreduce_async_")
-    tensors = check_tensors(tensors, "grouped_allreduce_async_")
-    names = group_names(name, len(tensors), "grouped_allreduce", ident)
-    works, finish = start_inplace(KIND_ALLREDUCE, tensors, names, op, 0, prescale_factor,
+    listed = check_tensors(tensors, "grouped_allreduce_async_")
+    names = group_names(name, len(listed), "grouped_allreduce", ident)
+    works, finish = start_inplace(KIND_ALLREDUCE, listed, names, op, 0, prescale_factor,
                                   postscale_factor, grouped=True, process_set=ident)
-    return Handle(works, lambda ws: (finish(), tensors)[1])
+    return Handle(works, lambda ws: (finish(), listed)[1])
 
 
 def grouped_allreduce_(tensors: Iterable[torch.Tensor], average: bool | None = None,
@@ -262,9 +262,9 @@ def grouped_allgather_async(tensors: Iterable[torch.Tensor], name: str | None = 
     """Starts an allgather of a list of tensors as one unit; ``synchronize``
     returns a list of gathered tensors. Not differentiable."""
     ident = set_id(process_set, "grouped_allgather_async")
-    tensors = check_tensors(tensors, "grouped_allgather_async")
-    names = group_names(name, len(tensors), "grouped_allgather", ident)
-    works, finish = start_allgather(tensors, names, grouped=True, process_set=ident)
+    listed = check_tensors(tensors, "grouped_allgather_async")
+    names = group_names(name, len(listed), "grouped_allgather", ident)
+    works, finish = start_allgather(listed, names, grouped=True, process_set=ident)
     return Handle(works, finish)
 
 
@@ -407,10 +407,10 @@ def grouped_reducescatter_async(tensors: Iterable[torch.Tensor], name: str | Non
     """Starts a reducescatter of a list of tensors as one unit; ``synchronize``
     returns a list of blocks. Not differentiable."""
     ident = set_id(process_set, "grouped_reducescatter_async")
-    tensors = check_tensors(tensors, "grouped_reducescatter_async")
+    listed = check_tensors(tensors, "grouped_reducescatter_async")
     op = check_op(op)
-    names = group_names(name, len(tensors), "grouped_reducescatter", ident)
-    works, finish = start_reducescatter(tensors, names, op, prescale_factor, postscale_factor,
+    names = group_names(name, len(listed), "grouped_reducescatter", ident)
+    works, finish = start_reducescatter(listed, names, op, prescale_factor, postscale_factor,
                                         grouped=True, process_set=ident)
     return Handle(works, finish)
 

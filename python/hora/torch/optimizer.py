@@ -68,14 +68,17 @@ class _DistributedOptimizer(SynchronizeSwitch):
         self._hora_postscale = policy.postscale
         self._hora_sparse_as_dense = bool(sparse_as_dense)
         self._hora_names = {}       # parameter -> collective name
-        self._hora_units = []       # lists of parameters reduced together
-        self._hora_unit_names = []
+        self._hora_units: list[list[Any]] = []  # lists of parameters reduced together
+        self._hora_unit_names: list[str | None] = []  # None: no name of its own
         self._hora_buckets = set()  # indices of units made by bucketing, not by groups=
-        self._hora_unit_of = {}     # parameter -> index into _hora_units
-        self._hora_delay = {}       # parameter -> backward passes left before reducing
-        self._hora_ready = {}       # unit index -> parameters whose passes are done
-        self._hora_pending = {}     # unit index -> reduction in flight (None: not started)
-        self._hora_hooks = []
+        self._hora_unit_of: dict[Any, int] = {}  # parameter -> index into _hora_units
+        # parameter -> backward passes left before reducing
+        self._hora_delay: dict[Any, int] = {}
+        # unit index -> parameters whose passes are done
+        self._hora_ready: dict[int, set[Any]] = {}
+        # unit index -> reduction in flight (None: not started)
+        self._hora_pending: dict[int, Any] = {}
+        self._hora_hooks: list[Any] = []
         self._hora_synchronized = False
         self._hora_should_synchronize = True
         self._hora_clipped = False  # clip_grad_norm_ reduced for the coming step()
@@ -289,9 +292,9 @@ class _DistributedOptimizer(SynchronizeSwitch):
 
 # torch wraps an optimizer class's step() for its profiler and step hooks;
 # the wrapped class's own step() already is, so ours must not run them twice.
-_DistributedOptimizer.step.hooked = True
+_DistributedOptimizer.step.hooked = True  # type: ignore[attr-defined]
 
-_CLASSES = {}
+_CLASSES: dict[type, type] = {}
 
 
 def _parameter_names(optimizer, named_parameters):

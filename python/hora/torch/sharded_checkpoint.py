@@ -111,15 +111,15 @@ def full_state_dict(optimizer: Any) -> dict[str, Any]:
                    for key, spec in keys.items() if spec[0] == "value"}
     # Per-element entries travel bucket by bucket, one allgather per entry.
     for b, bucket in enumerate(layout.buckets):
-        keys: dict[str, str] = {}
+        dtypes: dict[str, str] = {}  # entry -> its dtype's name
         for position in bucket.members:
             for key, spec in entries.get(position, {}).items():
                 if spec[0] == "elementwise":
-                    keys.setdefault(key, spec[1])
+                    dtypes.setdefault(key, spec[1])
         head = params[bucket.members[0]]
         own = layout.pieces(optimizer._hora_rank, b)
-        for key in sorted(keys):
-            dtype = getattr(torch, keys[key].replace("torch.", ""))
+        for key in sorted(dtypes):
+            dtype = getattr(torch, dtypes[key].replace("torch.", ""))
             shard = torch.zeros(layout.shard_numel(b, optimizer._hora_rank), dtype=dtype,
                                 device=head.device)
             for piece in own:

@@ -644,4 +644,4 @@ def _clip_local(optimizer: Any, max_norm: float, norm_type: float,
 
 
 # See optimizer.py: the wrapped class's step() already runs torch's hooks.
-_ShardedOptimizer.step.hooked = True
+_ShardedOptimizer.step.hooked = True  # type: ignore[attr-defined]

@@ -55,7 +55,7 @@ def declare_elementwise(optimizer_class: type) -> type:
     return optimizer_class
 
 
-def check_elementwise(optimizer: torch.optim.Optimizer, sharding: str) -> None:
+def check_elementwise(optimizer: torch.optim.Optimizer, sharding: str | None) -> None:
     """``ValueError`` naming ``optimizer``'s class unless its update is known
     to be elementwise (see :func:`declare_elementwise`)."""
     cls = type(optimizer)

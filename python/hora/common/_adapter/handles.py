@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 
 class Handle:
@@ -78,18 +78,20 @@ class OneHandle(Handle):
     __slots__ = ()
 
     def __init__(self, work: Any, result: Any) -> None:
+        # Handle's slots, holding one Work and no closure here
         self._works = work
-        self._finish = None
+        self._finish = cast(Any, None)
         self._result = result
         self._done = False
         self._error = None
 
     def _wait(self) -> Any:
         if not self._done:
+            work: Any = self._works
             try:
-                self._works.wait_release()  # gives up the GIL while it waits
+                work.wait_release()  # gives up the GIL while it waits
             except BaseException as error:
-                if not self._works.poll():
+                if not work.poll():
                     raise  # interrupted: still in flight, can be waited on again
                 self._error = error
             # only now: another thread polling meanwhile must not see the
@@ -100,7 +102,8 @@ class OneHandle(Handle):
         return self._result
 
     def _poll(self) -> bool:
-        return self._done or self._works.poll()
+        work: Any = self._works
+        return self._done or work.poll()
 
 
 def poll(handle: Handle) -> bool:

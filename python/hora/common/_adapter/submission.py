@@ -37,7 +37,7 @@ def wire(array: Any) -> tuple[Any, int]:
     """The array as the core sees it, and its dtype code (-1: the core
     reads the dtype from the array). NumPy has no native bfloat16, so an
     ml_dtypes bfloat16 array travels as its 16 bits plus the bfloat16 code."""
-    dtype = getattr(array, "dtype", None)
+    dtype: Any = getattr(array, "dtype", None)
     # dtype.kind is cheap and "V" is rare; dtype.name is built on every access
     if getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16":
         return array.view(np.int16), _BFLOAT16
@@ -113,7 +113,7 @@ def submit_arrays(kind: int, names: Sequence[str], inputs: Sequence[Any],
 def submit_one_array(kind: int, name: str, array: Any, in_place: bool, op: int,
                      prescale: float, postscale: float, process_set: int = 0) -> Any:
     """Submits one NumPy array (or buffer / DLPack producer); returns its Work."""
-    dtype = getattr(array, "dtype", None)
+    dtype: Any = getattr(array, "dtype", None)
     code = -1
     # wire() written out: this is the per-tensor path of hora.allreduce_async_
     if getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16":

@@ -34,13 +34,10 @@ class _Job:
     def __init__(self, env: dict[str, str]):
         from hora.common.basics import local_rank, rank
         directory = env.get("HORA_ELASTIC_STATE_DIR")
+        # None: not supervised (not under an elastic horarun)
         self.store = CommitStore(directory, writer=local_rank() == 0) if directory else None
         self.restarts = int(env.get("HORA_ELASTIC_RESTARTS", "0") or 0)
         self.supervisor = env.get("HORA_ELASTIC_SUPERVISOR") if rank() == 0 else None
-
-    @property
-    def supervised(self) -> bool:
-        return self.store is not None
 
 
 def _restore_newest(state: Any, store: CommitStore) -> bool:
@@ -85,12 +82,12 @@ def _gather_parts(store: CommitStore, commit: int, needed: int) -> list[Any]:
     return parts
 
 
-def _leave(state: Any, job: _Job, why: str) -> None:
+def _leave(state: Any, store: CommitStore, why: str) -> None:
     """Ends this process so that horarun forms the next world, once the last
     commit is on this host's disk."""
     from hora.common.basics import rank
     try:
-        job.store.flush()
+        store.flush()
     finally:
         if rank() == 0:
             print(f"hora.elastic: {why}; leaving for a new world from commit {state._commits}",
@@ -108,24 +105,25 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             if _listener is None:
                 _listener = HostUpdateListener(job.supervisor)
             _listener.register(state)
-        if not job.supervised:
+        store = job.store
+        if store is None:
             state.sync()
             return func(state, *args, **kwargs)
-        state._store = job.store
-        if not _restore_newest(state, job.store):
+        state._store = store
+        if not _restore_newest(state, store):
             state.sync()
         if job.restarts > 0:
             state.on_reset()
         try:
             result = func(state, *args, **kwargs)
         except HoraInternalError as error:
-            _leave(state, job, f"a rank was lost ({error})")
+            _leave(state, store, f"a rank was lost ({error})")
         except HostsUpdatedInterrupt:
-            _leave(state, job, "the hosts changed")
+            _leave(state, store, "the hosts changed")
         from hora.common.ops import barrier
-        job.store.flush()
+        store.flush()
         barrier()  # every rank is done before the commit is forgotten
-        job.store.clear()
+        store.clear()
         state._store = None
         return result
     return wrapper

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import copy
 import queue
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from hora.common.elastic.store import CommitStore
 from hora.common.exceptions import HostsUpdatedInterrupt
 
 
@@ -41,7 +42,8 @@ class State:
         self._last_updated_timestamp = 0
         self._reset_callbacks: list[Callable[[], Any]] = []
         self._commits = 0       # commits so far, counted across relaunches
-        self._store = None      # set by hora's run() under an elastic horarun
+        # set by hora's run() under an elastic horarun
+        self._store: CommitStore | None = None
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
         """Functions to call after the world changed (ranks lost or added),
@@ -140,6 +142,11 @@ class ObjectState(State):
         self._saved_state = kwargs
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    if TYPE_CHECKING:
+        # the attributes given as keyword arguments, read and set by name
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def save(self) -> None:
         self._saved_state = {name: copy.deepcopy(getattr(self, name))

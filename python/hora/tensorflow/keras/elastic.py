@@ -59,7 +59,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     end), and shortens the first epoch after a resume to the steps it had
     left where Keras lets a callback do so."""
 
-    def __init__(self, state: State):
+    def __init__(self, state: ObjectState):
         super().__init__()
         self.state = state
         self.steps_per_epoch = None
@@ -85,7 +85,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Keeps ``state.epoch`` at the number of epochs completed, counted
     across resets (Keras counts each ``fit`` call's epochs from 0)."""
 
-    def __init__(self, state: State):
+    def __init__(self, state: ObjectState):
         super().__init__()
         self.state = state
         self.initial_epoch = state.epoch

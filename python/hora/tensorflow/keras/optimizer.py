@@ -37,7 +37,7 @@ class _DistributedOptimizer:
     attribute ``_hora_settings``, so ``from_config`` builds a working
     instance (which is what ``load_model`` relies on)."""
 
-    _hora_settings = {}
+    _hora_settings: dict[str, Any] = {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,7 +73,7 @@ class _DistributedLossScaleOptimizer:
     """The same for ``keras.optimizers.LossScaleOptimizer``: reduce the
     scaled gradients before the finiteness check."""
 
-    _hora_settings = {}
+    _hora_settings: dict[str, Any] = {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -97,7 +97,7 @@ class _DistributedLossScaleOptimizer:
         self._hora_reducer.register_local(var)
 
 
-def distributed_class(cls: type, settings: dict[str, Any]) -> type:
+def distributed_class(cls: type, settings: dict[str, Any]) -> type[Any]:
     """A subclass of the Keras optimizer class ``cls`` (Keras 3 or Keras 2)
     that reduces its gradients with ``settings`` (keyword arguments of
     GradientReducer)."""
@@ -110,6 +110,7 @@ def distributed_class(cls: type, settings: dict[str, Any]) -> type:
                         f"Optimizer, or tf_keras's), got {getattr(cls, '__name__', cls)}")
     if issubclass(cls, (_DistributedOptimizer, _DistributedLossScaleOptimizer)):
         raise ValueError(f"{cls.__name__} is already a hora DistributedOptimizer")
+    mixin: type
     if issubclass(cls, keras.optimizers.LossScaleOptimizer):
         mixin = _DistributedLossScaleOptimizer
     else:
@@ -180,13 +181,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     steps = check_backward_passes(backward_passes_per_step, what)
     # resolved here, so that the num_groups warning is given once, not again
     # by every optimizer built from the settings
-    groups = resolve_groups(groups, num_groups, what, stacklevel=2)
-    if groups is not None and not isinstance(groups, int):
+    resolved = resolve_groups(groups, num_groups, what, stacklevel=2)
+    if resolved is not None and not isinstance(resolved, int):
         raise ValueError(f"{what}: groups must be an int number of groups for Keras optimizers "
                          f"(lists of variables are supported by DistributedGradientTape)")
-    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                    gradient_predivide_factor=gradient_predivide_factor, groups=groups,
-                    process_set=process_set, scale_local_gradients=scale_local_gradients)
+    settings: dict[str, Any] = dict(
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, groups=resolved,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
     GradientReducer(what=what, **settings)  # raises for bad settings before anything is built
     if is_tf_keras(optimizer):
         return distributed_optimizer_keras2(optimizer, name, settings, steps,

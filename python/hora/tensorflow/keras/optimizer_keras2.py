@@ -38,7 +38,7 @@ class LocalAccumulator:
         self.average = average
         self.reducer = reducer
         self.counter = None
-        self.sums = {}
+        self.sums: dict[int, Any] = {}
 
     def _counter(self) -> tf.Variable:
         if self.counter is None:
@@ -113,7 +113,7 @@ class _Keras2Distributed:
     """What both Keras 2 optimizer kinds share; the class attributes are
     the settings (so ``from_config`` builds a working instance)."""
 
-    _hora_settings = {}
+    _hora_settings: dict[str, Any] = {}
     _hora_steps = 1
     _hora_average_aggregated = False
     _hora_name = None
@@ -183,13 +183,14 @@ class _Keras2DistributedLegacyOptimizer(_Keras2Distributed):
 
 def distributed_class_keras2(cls: type, settings: dict[str, Any], steps: int = 1,
                              average_aggregated: bool = False,
-                             name: str | None = None) -> type:
+                             name: str | None = None) -> type[Any]:
     """A subclass of the Keras 2 optimizer class ``cls`` that reduces its
     gradients with ``settings`` (keyword arguments of GradientReducer)."""
     import tf_keras
 
     if issubclass(cls, _Keras2Distributed):
         raise ValueError(f"{cls.__name__} is already a hora DistributedOptimizer")
+    mixin: type
     if issubclass(cls, tf_keras.optimizers.legacy.Optimizer):
         mixin = _Keras2DistributedLegacyOptimizer
     elif issubclass(cls, tf_keras.optimizers.Optimizer):
