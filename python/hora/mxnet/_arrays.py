@@ -10,7 +10,6 @@ import mxnet as mx
 import numpy as np
 
 from hora.common._adapter.checks import process_set_object, unsupported_dtype
-from hora.common.process_sets import ProcessSet
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16,
                                                 np.float32, np.float64))
@@ -33,10 +32,9 @@ class Memory:
         return (1, 0)  # kDLCPU
 
 
-def set_object(process_set: ProcessSet | None, what: str) -> ProcessSet:
-    """``process_set`` as a registered :class:`hora.ProcessSet` (None: the
-    global set); see :mod:`hora.common._adapter.checks` for the errors."""
-    return process_set_object(process_set, what)
+#: ``process_set`` as a registered :class:`hora.ProcessSet` (None: the
+#: global set), or the error for a bad one.
+set_object = process_set_object
 
 
 def check_array(tensor: mx.nd.NDArray, what: str) -> mx.nd.NDArray:

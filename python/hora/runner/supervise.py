@@ -116,14 +116,16 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     job = _Job(proc)
-    started, first_failure, stop_signal, start_expired = set(), None, None, False
+    started, stop_signal, start_expired = set(), None, False
     exited = set()
-    raised, failures = {}, {}  # rank -> its "raised" marker; rank -> its failed exit
+    # rank -> its "raised" marker; rank -> its failed exit (while the job
+    # was not being stopped anyway)
+    raised, failures = {}, {}
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
     def handle(kind, value, now):
-        nonlocal first_failure, stop_signal, transient
+        nonlocal stop_signal, transient
         if kind == "transient":
             transient = True
         elif kind == "marker":
@@ -133,16 +135,13 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
                 exited.add(value.rank)
             elif value.event == "raised":
                 raised.setdefault(value.rank, value)
-            if value.failed:
-                failures[value.rank] = value
             if value.failed and stop_signal is None and not start_expired:
                 # Markers from different hosts can arrive out of order (a
                 # peer that lost its connection may report before the host
-                # of the rank that died does): the earliest exit is the cause.
-                if first_failure is None:
+                # of the rank that died does): see _cause.
+                if not failures:
                     job.terminate(now + FAIL_FAST_GRACE_S, KILL_GRACE_S)
-                if first_failure is None or value.time < first_failure.time:
-                    first_failure = value
+                failures[value.rank] = value
         elif kind == "signal":
             if stop_signal is None:
                 stop_signal = value
@@ -162,7 +161,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
             if kind is not None:
                 handle(kind, value, now)
             if (start_deadline is not None and now > start_deadline and len(started) < num_proc
-                    and not start_expired and stop_signal is None and first_failure is None):
+                    and not start_expired and stop_signal is None and not failures):
                 start_expired = True
                 missing = sorted(set(range(num_proc)) - started)
                 log(f"horarun: only {len(started)} of {num_proc} ranks started within "
@@ -188,14 +187,14 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if proc.poll() is None:
             proc.kill()
 
-    outcome = _outcome(code, num_proc, started, _cause(first_failure, failures, raised),
+    outcome = _outcome(code, num_proc, started, _cause(failures, raised),
                        stop_signal, start_expired, start_timeout, exited)
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
 
 
-def _cause(first_failure, failures, raised):
+def _cause(failures, raised):
     """The failed rank that started the job's end: the one whose failure
     came first, a rank's failure being when its program raised an
     exception of its own that it did not catch (which ends it with exit
@@ -203,10 +202,11 @@ def _cause(first_failure, failures, raised):
     when it ended. A rank that raises shuts hora down on its way out, and
     its peers may fail and exit before it does; the peers of a killed rank
     raise before its wrapper has seen it die. Their errors (a lost peer, a
-    shutdown, a stall; reported as "peer") blame nobody."""
+    shutdown, a stall; reported as "peer") blame nobody. None when no rank
+    failed."""
+    if not failures:
+        return None  # a process that raised did not end the job
     own = {rank: marker for rank, marker in raised.items() if marker.outcome != "peer"}
-    if first_failure is None or not own:
-        return first_failure  # a process that raised did not end the job
     when = {rank: marker.time for rank, marker in failures.items()}
     when.update({rank: marker.time for rank, marker in own.items()})
     rank = min(when, key=lambda r: (when[r], r))
