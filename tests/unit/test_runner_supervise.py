@@ -97,6 +97,32 @@ def test_a_killed_rank_is_named_though_its_peers_raised():
     assert outcome.code == 128 + signal.SIGKILL
 
 
+def test_a_stopped_rank_named_by_its_peers_is_blamed_though_it_ended_last():
+    # Rank 1 was stopped; ranks 0 and 2 raised errors naming it and exited;
+    # only then did the launcher kill rank 1.
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1); emit("started", 2)
+        now = time.time()
+        emit("raised", 0, "peer=1", at=now - 2.0); emit("raised", 2, "peer=1", at=now - 1.9)
+        emit("exited", 0, "code=1", at=now - 1.5); emit("exited", 2, "code=1", at=now - 1.4)
+        emit("exited", 1, "signal=SIGKILL", at=now)
+        sys.exit(1)
+    """, num_proc=3)
+    assert outcome.first_failure.rank == 1
+
+
+def test_a_stopped_rank_is_blamed_though_its_end_was_never_reported():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        now = time.time()
+        emit("raised", 1, "peer=0", at=now - 1.0); emit("exited", 1, "code=1", at=now)
+        sys.exit(1)
+    """)
+    assert outcome.first_failure.rank == 0 and outcome.code == 1
+    assert outcome.message == ("horarun: rank 0 on host host0 failed first (named by rank 1 as "
+                               "lost or stopped); the job was stopped")
+
+
 def test_a_raise_that_did_not_end_the_job_is_no_failure():
     outcome, *_ = run("""
         emit("started", 0); emit("started", 1)

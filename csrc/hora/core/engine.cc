@@ -111,6 +111,23 @@ Status Engine::Launch(std::unique_ptr<Communicator> comm, const Config& config,
   }
   HORA_RETURN_IF_ERROR(WakeupChannel::Create(engine->comm_.get(), &engine->wakeup_)
                            .WithContext("starting the engine"));
+  if (!set && (config.stall_check || config.stall_shutdown_seconds > 0)) {
+    // One heartbeat per process: a stopped process is stopped for every
+    // process set too.
+    using Ms = std::chrono::milliseconds;
+    auto ms = [](double seconds) { return Ms(static_cast<int64_t>(seconds * 1000.0)); };
+    Heartbeat::Options beat;
+    beat.warn = config.stall_check ? ms(config.stall_warning_seconds) : Ms::max();
+    beat.stop = ms(config.stall_shutdown_seconds);
+    const Ms first = beat.stop.count() > 0 ? std::min(beat.warn, beat.stop) : beat.warn;
+    beat.interval = std::max(Ms(100), std::min(Ms(1000), first / 10));
+    Engine* raw = engine.get();
+    HORA_RETURN_IF_ERROR(Heartbeat::Start(
+                             engine->comm_.get(), beat,
+                             [raw](const Status& reason) { raw->Abort(reason); },
+                             &engine->heartbeat_)
+                             .WithContext("starting the engine"));
+  }
   HORA_RETURN_IF_ERROR(SelectKernels(config.cpu_kernels));
   AllreduceSettings settings;
   settings.algorithm = config.allreduce_algorithm;
@@ -212,16 +229,59 @@ void Engine::Shutdown() {
   shutdown_requested_ = true;
   if (wakeup_) wakeup_->NotifyLocal();
   if (thread_.joinable()) {
-    thread_.join();
-    using Ms = std::chrono::duration<double, std::milli>;
-    HORA_LOG(kDebug) << "engine: " << stats_.cycles << " cycles (" << stats_.working_cycles
-                     << " with work), " << Ms(stats_.negotiation).count() << " ms negotiating, "
-                     << Ms(stats_.execution).count() << " ms running collectives";
+    // An aborted engine's thread may be stuck in a transport call with a
+    // stopped rank, which nothing can interrupt: give it a moment to see
+    // the abort, then leave it (the process is about to end, without
+    // MPI_Finalize, see JobBroken).
+    constexpr auto kAbortGrace = std::chrono::seconds(2);
+    std::chrono::steady_clock::time_point aborted_at{};
+    std::unique_lock<std::mutex> lock(loop_mutex_);
+    while (!loop_done_) {
+      loop_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (!aborted_.load()) continue;
+      const auto now = std::chrono::steady_clock::now();
+      if (aborted_at == std::chrono::steady_clock::time_point{}) aborted_at = now;
+      if (now - aborted_at >= kAbortGrace) break;
+    }
+    const bool done = loop_done_;
+    lock.unlock();
+    if (done) {
+      thread_.join();
+      using Ms = std::chrono::duration<double, std::milli>;
+      HORA_LOG(kDebug) << "engine: " << stats_.cycles << " cycles (" << stats_.working_cycles
+                       << " with work), " << Ms(stats_.negotiation).count() << " ms negotiating, "
+                       << Ms(stats_.execution).count() << " ms running collectives";
+    } else {
+      HORA_LOG(kDebug) << "engine: leaving its thread inside a transport call after the abort";
+      thread_.detach();
+      thread_left_running_ = true;
+    }
   }
+  heartbeat_.reset();
   Stop(Status::Shutdown(set_gone_.empty() ? "hora has been shut down on this rank" : set_gone_));
   timeline_.Stop();
   // This rank's process sets stop with the job (each tells its members).
   if (sets_) sets_->Clear();
+}
+
+void Engine::Abort(const Status& reason) {
+  HORA_LOG(kError) << reason.message();
+  aborted_ = true;
+  Stop(reason);
+  if (sets_) sets_->Abort(reason);
+  if (wakeup_) wakeup_->NotifyLocal();
+  std::lock_guard<std::mutex> lock(loop_mutex_);
+  loop_cv_.notify_all();
+}
+
+void Engine::Release(std::shared_ptr<Engine> engine) {
+  engine->Shutdown();
+  if (!engine->ThreadLeftRunning()) return;
+  // Its thread still uses it: keep it for the rest of the process.
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<Engine>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(engine));
 }
 
 bool Engine::JobBroken() { return g_job_broken.load(); }
@@ -263,12 +323,21 @@ void Engine::Loop() {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   // Named so that top -H, perf and py-spy tell it from the caller's threads.
   prctl(PR_SET_NAME, "hora-engine", 0, 0, 0);
+  struct Done {
+    Engine* engine;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(engine->loop_mutex_);
+      engine->loop_done_ = true;
+      engine->loop_cv_.notify_all();
+    }
+  } done{this};
   const bool root = comm_->rank() == 0;
   auto last_start = std::chrono::steady_clock::now() - std::chrono::hours(1);
   bool want_sent = false;
   const bool alone = comm_->size() == 1;
 
   for (;;) {
+    if (aborted_.load()) return;
     WakeupChannel::Events events;
     Status status;
     if (root) {
@@ -349,7 +418,7 @@ bool Engine::RunCycles() {
   uint64_t hot = 0;
   for (;;) {
     bool go_idle = true;
-    if (!RunOneCycle(&go_idle)) return false;
+    if (aborted_.load() || !RunOneCycle(&go_idle)) return false;
     if (go_idle) return true;
     // Let this process's own threads (the caller about to submit the next
     // tensor) run first if they share this core.

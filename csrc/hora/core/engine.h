@@ -9,12 +9,14 @@
 // exactly one also keeps every MPI call on a single thread.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "hora/comm/communicator.h"
+#include "hora/comm/wakeup/heartbeat.h"
 #include "hora/comm/wakeup/wakeup_channel.h"
 #include "hora/core/autotuner.h"
 #include "hora/core/config.h"
@@ -69,6 +71,17 @@ class Engine {
   // Stops the thread (telling the other ranks) and fails whatever is still
   // pending, and the engines of this rank's process sets. Idempotent.
   void Shutdown();
+  // Any thread: the job is broken in a way the engine thread may not see
+  // (it can be stuck in a transport call with a stopped rank). Fails what
+  // is pending here and in this rank's process sets with `reason`, and
+  // tells the thread to stop. Shutdown then waits only briefly for it.
+  void Abort(const Status& reason);
+  // Whether Shutdown had to leave the thread behind, stuck in a transport
+  // call; the engine must then stay alive (Release does that).
+  bool ThreadLeftRunning() const { return thread_left_running_; }
+  // Shuts `engine` down and drops it, or keeps it for the rest of the
+  // process when its thread could not be stopped.
+  static void Release(std::shared_ptr<Engine> engine);
   // Whether an engine of this process stopped because the job broke (a
   // lost rank, a stall past the shutdown time, a transport error) rather
   // than by shutdown(). MPI_Finalize would then wait for ranks that will
@@ -119,6 +132,12 @@ class Engine {
   Controller controller_;
   Executor executor_;
   std::thread thread_;
+  std::unique_ptr<Heartbeat> heartbeat_;  // the job's engine, with stall checks on
+  std::atomic<bool> aborted_{false};
+  std::mutex loop_mutex_;
+  std::condition_variable loop_cv_;
+  bool loop_done_ = false;  // under loop_mutex_
+  bool thread_left_running_ = false;
   // Spinning (back-to-back cycles while callers wait for results, and for
   // spin_window_ after) is rank 0's decision. Nobody waiting means the
   // callers are computing, and a spinning engine would only steal their core.

@@ -125,7 +125,7 @@ void ProcessSetTable::Remove(const Response& change, Work* work) {
   }
   // Every member stops the set's engine here, at the same point of the
   // job's order; its pending collectives fail.
-  if (removed) removed->Shutdown();
+  if (removed) Engine::Release(std::move(removed));
   HORA_LOG(kDebug) << "removed " << DescribeProcessSet(id, ranks);
   work->Complete(Status::OK());
 }
@@ -192,7 +192,16 @@ void ProcessSetTable::Clear() {
     engines.swap(engines_);
     ranks_.clear();
   }
-  for (auto& item : engines) item.second->Shutdown();
+  for (auto& item : engines) Engine::Release(std::move(item.second));
+}
+
+void ProcessSetTable::Abort(const Status& reason) {
+  std::vector<std::shared_ptr<Engine>> engines;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& item : engines_) engines.push_back(item.second);
+  }
+  for (const auto& engine : engines) engine->Abort(reason);
 }
 
 }  // namespace hora

@@ -62,6 +62,8 @@ class ProcessSetTable {
   // Stops the engines of this rank's sets (each tells its members) and
   // forgets every set. Idempotent.
   void Clear();
+  // Engine::Abort on the engines of this rank's sets.
+  void Abort(const Status& reason);
 
  private:
   Status Add(const Response& change, const EngineParameters& parameters, Work* work);

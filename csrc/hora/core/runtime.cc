@@ -54,7 +54,7 @@ void Shutdown() {
     engine.swap(g_engine);
     if (engine) g_was_shut_down = true;
   }
-  if (engine) engine->Shutdown();
+  if (engine) Engine::Release(std::move(engine));
 }
 
 bool IsInitialized() {

@@ -5,7 +5,8 @@ Without it, horarun can only compare when ranks exited: a rank that raises
 shuts hora down on its way out, its peers then fail with
 ``HoraShutdownError`` and may exit before it does. The report is one line,
 ``raised TIME own`` (or ``peer`` for the errors a rank gets because of
-another: a lost peer, a shutdown, a stall), on the pipe that horarun's
+another: a lost peer, a shutdown, a stall; ``peer=N`` when the error names
+the rank N that caused it: a lost or stopped rank), on the pipe that horarun's
 rank wrapper names in HORA_RUNNER_REPORT_FD; outside horarun nothing is
 installed.
 """
@@ -13,12 +14,25 @@ installed.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
 from hora.common.exceptions import HoraInternalError, HoraShutdownError, HoraTimeoutError
 
 _installed = False
+
+# The messages in which hora's core names the rank that broke the job.
+_CULPRIT = re.compile(r"^(?:rank (\d+) (?:has not been heard from|stopped answering|is gone)"
+                      r"|lost the connection to rank (\d+))")
+
+
+def whose(kind, error) -> str:
+    """'own', 'peer', or 'peer=N' for an uncaught exception of class `kind`."""
+    if not issubclass(kind, (HoraInternalError, HoraShutdownError, HoraTimeoutError)):
+        return "own"
+    found = _CULPRIT.match(str(error))
+    return f"peer={found.group(1) or found.group(2)}" if found else "peer"
 
 
 def install() -> None:
@@ -34,9 +48,7 @@ def install() -> None:
     def report(kind, error, trace):
         if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
             try:
-                whose = "peer" if issubclass(
-                    kind, (HoraInternalError, HoraShutdownError, HoraTimeoutError)) else "own"
-                os.write(fd, f"raised {time.time():.6f} {whose}\n".encode())
+                os.write(fd, f"raised {time.time():.6f} {whose(kind, error)}\n".encode())
             except OSError:
                 pass  # horarun's wrapper is gone: nobody to tell
         previous(kind, error, trace)

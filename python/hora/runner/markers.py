@@ -12,8 +12,9 @@ reach horarun from several hosts is not the order in which ranks failed.
 ``raised`` says when the rank's program met an exception it did not catch
 (hora reports it; see ``hora.common.failure_report``), and whether the
 error was its own or came from a peer (``own`` or ``peer``, in the outcome
-field): a rank whose peers fail because it stopped exits later than they
-may, but raised first.
+field; ``peer=N`` when the error names the rank N that caused it): a rank
+whose peers fail because it stopped exits later than they may, but raised
+first.
 """
 import dataclasses
 import signal
@@ -34,12 +35,15 @@ class Marker:
     event: str
     rank: int
     host: str
-    outcome: str = ""  # "code=N" or "signal=NAME" for "exited", "own"/"peer" for "raised"
+    outcome: str = ""  # "code=N" or "signal=NAME" for "exited", "own"/"peer"/"peer=N" for "raised"
     time: float = 0.0  # when it exited ("exited") or raised ("raised")
 
     def describe(self):
-        """'exit code 3' or 'killed by SIGKILL'."""
+        """'exit code 3', 'killed by SIGKILL', or, for a rank whose end was
+        never reported, 'named by rank 2 as lost or stopped'."""
         kind, _, value = self.outcome.partition("=")
+        if kind == "named":
+            return f"named by rank {value} as lost or stopped"
         return f"killed by {value}" if kind == "signal" else f"exit code {value}"
 
     @property

@@ -11,6 +11,7 @@ running once it is gone itself or mpirun is.
 """
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -121,12 +122,13 @@ def _write(sink, data):
 
 
 def _relay_reports(source, rank, host):
-    """Turns the command's reports (``raised TIME own|peer`` lines on the
+    """Turns the command's reports (``raised TIME own|peer|peer=N`` lines on the
     pipe named by HORA_RUNNER_REPORT_FD) into markers for horarun."""
     with os.fdopen(source, "rb") as reports:
         for line in reports:
             fields = line.split()
-            if len(fields) != 3 or fields[0] != b"raised" or fields[2] not in (b"own", b"peer"):
+            if len(fields) != 3 or fields[0] != b"raised" or not (
+                    fields[2] in (b"own", b"peer") or re.fullmatch(rb"peer=\d+", fields[2])):
                 continue
             try:
                 when = float(fields[1])

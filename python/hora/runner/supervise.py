@@ -121,6 +121,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     # rank -> its "raised" marker; rank -> its failed exit (while the job
     # was not being stopped anyway)
     raised, failures = {}, {}
+    hosts = {}  # rank -> host, from "started"
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
@@ -131,6 +132,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         elif kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
+                hosts[value.rank] = value.host
             elif value.event == "exited":
                 exited.add(value.rank)
             elif value.event == "raised":
@@ -187,14 +189,14 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if proc.poll() is None:
             proc.kill()
 
-    outcome = _outcome(code, num_proc, started, _cause(failures, raised),
+    outcome = _outcome(code, num_proc, started, _cause(failures, raised, hosts),
                        stop_signal, start_expired, start_timeout, exited)
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
 
 
-def _cause(failures, raised):
+def _cause(failures, raised, hosts=None):
     """The failed rank that started the job's end: the one whose failure
     came first, a rank's failure being when its program raised an
     exception of its own that it did not catch (which ends it with exit
@@ -202,16 +204,30 @@ def _cause(failures, raised):
     when it ended. A rank that raises shuts hora down on its way out, and
     its peers may fail and exit before it does; the peers of a killed rank
     raise before its wrapper has seen it die. Their errors (a lost peer, a
-    shutdown, a stall; reported as "peer") blame nobody. None when no rank
-    failed."""
+    shutdown, a stall; reported as "peer") blame nobody, unless they name
+    the rank that caused them ("peer=N": a rank lost or stopped), whose
+    failure then dates from the first such error. None when no rank
+    failed. A named rank whose end was never reported (a stopped process
+    that the launcher killed with its wrapper) is blamed all the same."""
     if not failures:
         return None  # a process that raised did not end the job
-    own = {rank: marker for rank, marker in raised.items() if marker.outcome != "peer"}
+    own = {rank: marker for rank, marker in raised.items()
+           if not marker.outcome.startswith("peer")}
     when = {rank: marker.time for rank, marker in failures.items()}
-    when.update({rank: marker.time for rank, marker in own.items()})
+    named = {}  # culprit -> the first "raised" marker naming it
+    for marker in sorted(raised.values(), key=lambda m: m.time):
+        kind, _, culprit = marker.outcome.partition("=")
+        if kind == "peer" and culprit.isdigit():
+            named.setdefault(int(culprit), marker)
+            when[int(culprit)] = min(when.get(int(culprit), marker.time), marker.time)
+    when.update({rank: min(marker.time, when.get(rank, marker.time))
+                 for rank, marker in own.items()})
     rank = min(when, key=lambda r: (when[r], r))
     if rank in failures:
         return failures[rank]
+    if rank in named:
+        host = (hosts or {}).get(rank, "?")
+        return markers.Marker("exited", rank, host, f"named={named[rank].rank}", when[rank])
     marker = own[rank]
     return markers.Marker("exited", rank, marker.host, "code=1", marker.time)
 
