@@ -1,5 +1,7 @@
 #include "hora/core/tensor_queue.h"
 
+#include <algorithm>
+#include <iterator>
 #include <unordered_set>
 
 namespace hora {
@@ -11,7 +13,32 @@ Status InFlight(const std::string& name) {
       "' is already in flight on this rank; wait for it to finish or use another name");
 }
 
+std::string Resubmitted(const std::string& name) {
+  return "'" + name +
+         "' was submitted there again while a collective of that name was still in flight";
+}
+
 }  // namespace
+
+void TensorQueue::RefuseLocked(std::vector<Request> refused) {
+  for (Request& r : refused) {
+    r.refused = Resubmitted(r.name);
+    if (entries_.count(r.name) != 0) {
+      deferred_.emplace(r.name, std::move(r));  // one per name is enough
+    } else {
+      new_requests_.push_back(std::move(r));
+    }
+  }
+  has_new_.store(!new_requests_.empty(), std::memory_order_release);
+}
+
+void TensorQueue::ReleaseRefusalLocked(const std::string& name) {
+  auto it = deferred_.find(name);
+  if (it == deferred_.end()) return;
+  new_requests_.push_back(std::move(it->second));
+  deferred_.erase(it);
+  has_new_.store(true, std::memory_order_release);
+}
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // The requests move to the engine (the entries keep only what running the
@@ -27,30 +54,39 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
     if (entries.size() > 1 && !names.insert(name).second) return InFlight(name);
   }
   bool first_new = false;
+  std::string in_flight;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     for (const Request& r : requests) {
-      if (entries_.count(r.name) != 0) return InFlight(r.name);
+      if (entries_.count(r.name) != 0) {
+        in_flight = r.name;
+        break;
+      }
     }
     first_new = new_requests_.empty();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      entries_.emplace(requests[i].name, std::move(entries[i]));
-    }
-    if (new_requests_.empty()) {
-      new_requests_.swap(requests);
+    if (!in_flight.empty()) {
+      RefuseLocked(std::move(requests));
+      first_new = first_new && !new_requests_.empty();
     } else {
-      for (Request& r : requests) new_requests_.push_back(std::move(r));
+      for (size_t i = 0; i < entries.size(); ++i) {
+        entries_.emplace(requests[i].name, std::move(entries[i]));
+      }
+      if (new_requests_.empty()) {
+        new_requests_.swap(requests);
+      } else {
+        for (Request& r : requests) new_requests_.push_back(std::move(r));
+      }
+      has_new_.store(!new_requests_.empty(), std::memory_order_release);
+      in_flight_.store(entries_.size(), std::memory_order_release);
     }
-    has_new_.store(!new_requests_.empty(), std::memory_order_release);
-    in_flight_.store(entries_.size(), std::memory_order_release);
   }
   // Only the first request since the engine last took them needs to wake
   // it: until it takes them it will find the later ones too. A burst of
   // submissions (a backward pass) then costs one wake-up, not one system
   // call and engine wake-up per tensor.
   if (first_new) on_new_work_();
-  return Status::OK();
+  return in_flight.empty() ? Status::OK() : InFlight(in_flight);
 }
 
 Status TensorQueue::AddOne(TensorEntry entry) {
@@ -64,7 +100,13 @@ Status TensorQueue::AddOne(TensorEntry entry) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     auto inserted = entries_.emplace(std::move(key), std::move(entry));
-    if (!inserted.second) return InFlight(request.name);
+    if (!inserted.second) {
+      const std::string name = request.name;
+      std::vector<Request> refused;
+      refused.push_back(std::move(request));
+      RefuseLocked(std::move(refused));  // deferred: the name is in flight
+      return InFlight(name);
+    }
     first_new = new_requests_.empty();
     new_requests_.push_back(std::move(request));
     has_new_.store(true, std::memory_order_release);
@@ -92,14 +134,25 @@ void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
   burst_capacity_ = std::min<size_t>(std::max(burst_capacity_, out->size()), kMaxBurstCapacity);
 }
 
-bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
+bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out, bool refusal_only) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);
-  if (it == entries_.end()) return false;
+  if (it == entries_.end() || (refusal_only && !it->second.refusal)) return false;
   *out = std::move(it->second);
   entries_.erase(it);
+  if (!deferred_.empty()) ReleaseRefusalLocked(name);
   in_flight_.store(entries_.size(), std::memory_order_release);
   return true;
+}
+
+void TensorQueue::Withdraw(const std::vector<std::shared_ptr<Work>>& works) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    const bool mine =
+        it->second.refusal && std::find(works.begin(), works.end(), it->second.work) != works.end();
+    it = mine ? entries_.erase(it) : std::next(it);
+  }
+  in_flight_.store(entries_.size(), std::memory_order_release);
 }
 
 void TensorQueue::TakeEntries(const Response* batch, size_t count, TensorEntry* out,
@@ -112,6 +165,7 @@ void TensorQueue::TakeEntries(const Response* batch, size_t count, TensorEntry* 
     out[k] = std::move(it->second);
     entries_.erase(it);
     (*present)[k] = true;
+    if (!deferred_.empty()) ReleaseRefusalLocked(batch[k].name);
   }
   in_flight_.store(entries_.size(), std::memory_order_release);
 }
@@ -121,6 +175,7 @@ void TensorQueue::FailAll(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failed.swap(entries_);
+    deferred_.clear();
     new_requests_.clear();
     has_new_.store(false, std::memory_order_release);
     in_flight_.store(0, std::memory_order_release);
