@@ -193,3 +193,65 @@ def test_a_torn_state_file_counts_as_no_commit(tmp_path):
     assert store.newest() == 0
 
 
+
+
+def test_a_program_failing_the_same_way_at_start_ends_after_three_worlds():
+    launches, said = [], []
+
+    def launch(num_proc, hosts, extra):
+        launches.append(num_proc)
+        return _failed(host="vm", code=1)  # an ImportError, say, on every world
+
+    discovery = elastic.Discovery(None, None, [Host("localhost", 2)])
+    code = elastic.run(_options(), discovery, launch, {}, ["x"], said.append)
+    assert code == 1 and len(launches) == elastic.SAME_FAILURES_BEFORE_STOP
+    assert "failed the same way in 3 worlds in a row" in said[-1], said
+
+
+def test_killed_ranks_are_not_a_fault_of_the_program():
+    # SIGKILLs (a chaos test, the OOM killer) relaunch as long as they come.
+    outcomes = [_failed()] * 5 + [supervise.Outcome(0)]
+    launches = []
+
+    def launch(num_proc, hosts, extra):
+        launches.append(num_proc)
+        return outcomes[len(launches) - 1]
+
+    discovery = elastic.Discovery(None, None, [Host("localhost", 2)])
+    options = _options(cooldown_range=(0.0, 0.0))  # the blacklist lets the host back at once
+    assert elastic.run(options, discovery, launch, {}, ["x"], print) == 0
+    assert len(launches) == 6
+
+
+def test_a_host_whose_ranks_never_start_is_retried_with_back_off_then_blacklisted(monkeypatch):
+    pauses, launches, said = [], [], []
+    monkeypatch.setattr(elastic.time, "sleep", pauses.append)
+
+    def launch(num_proc, hosts, extra):
+        launches.append(hosts)
+        if any(h.name == "nosuchhost.invalid" for h in hosts):
+            # mpirun's daemon could not reach the host: its ranks (0, 1)
+            # never started, and no rank failed.
+            return supervise.Outcome(1, "horarun: job failed with exit code 1",
+                                     started=frozenset({2, 3}))
+        return supervise.Outcome(0)
+
+    discovery = elastic.Discovery(None, None, [Host("nosuchhost.invalid", 2), Host("node2", 2)])
+    code = elastic.run(_options(min_np=2, max_np=4), discovery, launch, {}, ["x"], said.append)
+    assert code == 0
+    assert len(launches) == elastic.HOST_FAILURES_BEFORE_BLACKLIST + 1
+    assert launches[-1] == [Host("node2", 2)]
+    assert pauses[:2] == [0.5, 1.0]
+    assert any("host nosuchhost.invalid failed 3 launches in a row" in line for line in said), said
+    assert "before rank(s) on nosuchhost.invalid started" in said[0], said
+
+
+def test_a_failing_discovery_script_is_reported_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(elastic, "DISCOVERY_INTERVAL_S", 0.05)
+    said = []
+    discovery = elastic.Discovery(_script(tmp_path, "garbage:::\n", code=2), None, [])
+    code = elastic.run(_options(elastic_timeout=0.5), discovery, lambda *a: supervise.Outcome(0),
+                       {}, ["x"], said.append)
+    assert code == 1
+    assert "exited with 2" in said[0] and "trying again until --elastic-timeout" in said[0], said
+    assert sum("exited with 2" in line for line in said) == 2, said  # at once, and at the end

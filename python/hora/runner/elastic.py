@@ -36,6 +36,14 @@ DISCOVERY_TIMEOUT_S = 30.0
 # program's, a host that fails every time is the host's.
 HOST_FAILURES_BEFORE_BLACKLIST = 3
 HEALTHY_RUN_S = 60.0
+# A program that fails the same way (the same exit code, soon after its
+# start) in this many worlds in a row has a fault of its own (an
+# ImportError, a typo) that no new world will fix.
+SAME_FAILURES_BEFORE_STOP = 3
+# Launches that fail before every rank has started (a host that does not
+# resolve, ssh refused) are retried after a pause that doubles each time.
+START_RETRY_FIRST_S = 0.5
+START_RETRY_MAX_S = 30.0
 LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
 
 
@@ -125,6 +133,12 @@ class Blacklist:
                 self.until[host] = time.monotonic() + cooldown
                 log(f"horarun: host {host} failed {HOST_FAILURES_BEFORE_BLACKLIST} launches in "
                     f"a row; not used for the next {cooldown:.0f} s")
+
+    def record_start_failure(self, hosts: list[str], log: Callable[[str], None]) -> None:
+        """A launch whose ranks on ``hosts`` never started: counted against
+        each of them like a failed launch."""
+        for host in sorted(set(hosts)):
+            self.record(host, False, log)
 
     def usable(self, found: list[hostlib.Host]) -> list[hostlib.Host]:
         now = time.monotonic()
@@ -216,10 +230,15 @@ class _Watcher:
         discovery, blacklist, options, world, notifier, log = self._args
         size = hostlib.total_slots(world)
         names = {h.name for h in world}
+        said = ""
         while not self._stop.wait(DISCOVERY_INTERVAL_S):
             found = discovery.hosts()
             if found is None:
+                if discovery.last_error != said:
+                    said = discovery.last_error
+                    log(f"horarun: {said}; the job goes on with its hosts")
                 continue
+            said = ""
             usable = blacklist.usable(found)
             gone = names - {h.name for h in usable}
             capacity = _capacity(usable, options.max_np)
@@ -248,7 +267,11 @@ def run(options: ElasticOptions, discovery: Discovery,
     blacklist = Blacklist(options.cooldown_range)
     state_dir = state_directory(env, command)
     resets = 0
+    same_failure, same_count = None, 0  # the last world's start-up failure, in a row
+    start_retry = previous_retry = 0.0  # the pause before relaunching after a failed start
     while True:
+        if start_retry:
+            time.sleep(start_retry)
         found = _wait_for_capacity(options, discovery, blacklist, log)
         if found is None:
             return 1
@@ -276,14 +299,37 @@ def run(options: ElasticOptions, discovery: Discovery,
             return 0
         if outcome.stopped:
             return outcome.code
+        ran = time.monotonic() - started
         failure = outcome.first_failure
+        not_started = sorted(set(range(num_proc)) - set(outcome.started))
+        start_retry = 0.0
         if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
             cause = watcher.changed or (f"rank {failure.rank} on host {failure.host} left for a "
                                         f"new world (a peer was lost)")
+            same_failure, same_count = None, 0
         else:
             cause = outcome.message.removeprefix("horarun: ") or f"exit code {outcome.code}"
-            if failure is not None:
-                blacklist.record(failure.host, time.monotonic() - started > HEALTHY_RUN_S, log)
+            if failure is None and not_started:
+                # mpirun failed before some ranks started: their hosts'
+                # fault (as discovery names them), retried with a pause.
+                hosts = sorted({_host_of(world, rank) for rank in not_started})
+                cause += f" before rank(s) on {', '.join(hosts)} started"
+                blacklist.record_start_failure(hosts, log)
+                start_retry = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
+            elif failure is not None:
+                blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
+            key = failure.outcome if failure is not None and ran <= HEALTHY_RUN_S else None
+            if key is not None and key.startswith("code="):
+                same_count = same_count + 1 if key == same_failure else 1
+                same_failure = key
+            else:
+                same_failure, same_count = None, 0
+            if same_count >= SAME_FAILURES_BEFORE_STOP:
+                log(f"horarun: {cause}; the program failed the same way in {same_count} worlds "
+                    f"in a row, each within {HEALTHY_RUN_S:g} s of its start: a fault of its "
+                    f"own (its error is above) that a new world does not fix, so the job stops")
+                return outcome.code or 1
+        previous_retry = start_retry
         resets += 1
         if options.reset_limit is not None and resets > options.reset_limit:
             log(f"horarun: {cause}; the job has been reset {resets - 1} times "
@@ -292,14 +338,29 @@ def run(options: ElasticOptions, discovery: Discovery,
         log(f"horarun: elastic reset {resets}: {cause}")
 
 
+def _host_of(world: list[hostlib.Host], rank: int) -> str:
+    """The host (as discovery or -H names it) that ``rank`` runs on: mpirun
+    fills the hosts in order."""
+    for host in world:
+        if rank < host.slots:
+            return host.name
+        rank -= host.slots
+    return world[-1].name if world else "?"
+
+
 def _wait_for_capacity(options: ElasticOptions, discovery: Discovery, blacklist: Blacklist,
                        log: Callable[[str], None]) -> list[hostlib.Host] | None:
     """The usable hosts once they hold at least --min-np slots; None (after
     saying why) when that does not happen within --elastic-timeout."""
     deadline = time.monotonic() + options.elastic_timeout
     waiting_said = False
+    error_said = ""
     while True:
         found = discovery.hosts()
+        if found is None and discovery.last_error != error_said:
+            error_said = discovery.last_error
+            log(f"horarun: {error_said}; trying again until --elastic-timeout "
+                f"({options.elastic_timeout:g} s) runs out")
         usable = blacklist.usable(found) if found is not None else []
         if found is not None and hostlib.total_slots(usable) >= options.min_np:
             return usable

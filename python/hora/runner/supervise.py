@@ -8,6 +8,7 @@ leaves the others waiting in a collective.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import queue
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 from hora.runner import markers
 
@@ -93,6 +95,22 @@ class _Job:
             pass
 
 
+# Looked up before any fork: the child between fork and exec only calls it.
+_PRCTL: Any
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_horarun():
+    """preexec_fn for mpirun: SIGTERM when the thread that started it (the
+    main thread, which lives as long as horarun) dies (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     """Runs ``cmd`` (an mpirun command line) and returns an Outcome.
 
@@ -104,8 +122,12 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
     # A session of its own: a Ctrl-C in the terminal reaches horarun only,
     # which passes on exactly one stop request (two make mpirun abort
     # without cleaning up).
+    # mpirun ends with horarun, even when horarun is SIGKILLed: it then
+    # gets SIGTERM and takes the ranks down with it, so that no job trains
+    # on unwatched (an elastic one would delete its commit at the end).
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, env=env)
+                            stderr=subprocess.PIPE, start_new_session=True, env=env,
+                            preexec_fn=_end_with_horarun)
     relays = [threading.Thread(target=_relay, args=(proc.stdout, stdout, events), daemon=True),
               threading.Thread(target=_relay, args=(proc.stderr, stderr, events), daemon=True)]
     for thread in relays:
