@@ -309,15 +309,6 @@ def run(options: ElasticOptions, discovery: Discovery,
             same_failure, same_count = None, 0
         else:
             cause = outcome.message.removeprefix("horarun: ") or f"exit code {outcome.code}"
-            if failure is None and not_started:
-                # mpirun failed before some ranks started: their hosts'
-                # fault (as discovery names them), retried with a pause.
-                hosts = sorted({_host_of(world, rank) for rank in not_started})
-                cause += f" before rank(s) on {', '.join(hosts)} started"
-                blacklist.record_start_failure(hosts, log)
-                start_retry = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
-            elif failure is not None:
-                blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
             key = failure.outcome if failure is not None and ran <= HEALTHY_RUN_S else None
             if key is not None and key.startswith("code="):
                 same_count = same_count + 1 if key == same_failure else 1
@@ -329,6 +320,15 @@ def run(options: ElasticOptions, discovery: Discovery,
                     f"in a row, each within {HEALTHY_RUN_S:g} s of its start: a fault of its "
                     f"own (its error is above) that a new world does not fix, so the job stops")
                 return outcome.code or 1
+            if failure is None and not_started:
+                # mpirun failed before some ranks started: their hosts'
+                # fault (as discovery names them), retried with a pause.
+                hosts = sorted({_host_of(world, rank) for rank in not_started})
+                cause += f" before rank(s) on {', '.join(hosts)} started"
+                blacklist.record_start_failure(hosts, log)
+                start_retry = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
+            elif failure is not None:
+                blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
         previous_retry = start_retry
         resets += 1
         if options.reset_limit is not None and resets > options.reset_limit:
