@@ -156,3 +156,18 @@ def test_staging_warns_once_without_a_cuda_build():
         hvd.allreduce(torch.ones(3, device=DEVICE), name="staged.2")
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1 and "HORA_WITH_CUDA=1" in messages[0], messages
+
+
+def test_collectives_inside_torch_compile_fullgraph():
+    # Traced as torch.ops.hora.* nodes: no graph break, and the CUDA stream
+    # is taken when the graph runs (it failed on torch.Stream before).
+    torch._dynamo.reset()
+
+    def step(t):
+        total = hvd.allreduce(t * 2, name="gpu.compile.sum", op=hvd.Sum)
+        return hvd.allgather(total, name="gpu.compile.gather").sum()
+
+    x = torch.arange(8, dtype=torch.float32, device=DEVICE)
+    got = torch.compile(step, fullgraph=True)(x)
+    assert got.device.type == "cuda"
+    assert got.item() == step(x).item()

@@ -126,6 +126,22 @@ def _id(process_set: ProcessSet | None) -> int:
     return process_set.process_set_id
 
 
+def from_id(ident: int, what: str) -> ProcessSet:
+    """The registered set with core id ``ident`` (the global set for 0), for
+    code that carries sets by id (torch's compiled operators); -1 or an id
+    the core does not know raise ``HoraInvalidArgumentError``."""
+    if ident == 0:
+        return global_process_set
+    known = _C.process_sets() if ident > 0 else {}
+    if ident not in known:
+        raise HoraInvalidArgumentError(
+            f"{what}: the process set is not registered; pass it to "
+            f"hora.init(process_sets=[...]) or hora.add_process_set() first")
+    process_set = ProcessSet(known[ident])
+    process_set.process_set_id = ident
+    return process_set
+
+
 def set_size(process_set: ProcessSet | None) -> int:
     """The number of ranks a collective in ``process_set`` runs over."""
     ident = _id(process_set)

@@ -27,6 +27,16 @@ order, alltoall splits have one entry per member, ``root_rank`` stays a
 global rank (one of the set's), and the backward passes run in the same set.
 Unnamed calls are matched by call order within each set. A rank outside the
 set, or a set that is not registered, gets ``ValueError``.
+
+Inside ``torch.compile`` (``fullgraph=True`` included), compiled autograd
+and ``torch.export``, the synchronous collectives and ``allreduce_`` /
+``broadcast_`` trace as PyTorch operators (``torch.ops.hora.allreduce``,
+``grouped_allreduce``, ``allgather``, ``broadcast``, ``alltoall``,
+``reducescatter``), with the same results, gradients and errors as in
+eager mode. Unnamed calls are then named by call order when the graph runs,
+so every rank must run the same graphs. Pass alltoall's ``splits`` as a
+list there: a tensor of splits breaks the graph. The ``*_async`` forms are
+not operators: calling them in compiled code breaks the graph.
 """
 
 from __future__ import annotations
@@ -53,7 +63,10 @@ from hora.torch._collectives import (
     name_or_auto, resolve_op, set_id, set_object, set_size, splits_list, start_allgather,
     start_allreduce, start_alltoall, start_broadcast, start_inplace, start_inplace_one,
     start_reducescatter)
+from hora.torch import _library
 from hora.torch.compression import Compression
+
+_compiling = torch.compiler.is_compiling
 
 
 # --- allreduce ---------------------------------------------------------------
@@ -97,6 +110,9 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     tensor on a device other than CPU or CUDA, a bad op or a process set this
     rank is not in, ``TypeError`` for an unsupported dtype,
     :class:`hora.HoraMismatchError` when ranks disagree."""
+    if _compiling():
+        return _library.traced_allreduce(tensor, average, name, compression, op, prescale_factor,
+                                         postscale_factor, process_set)
     ident = set_id(process_set, "allreduce")
     op = resolve_op(average, op, "allreduce")
     check_tensor(tensor, "allreduce")
@@ -126,6 +142,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """In-place :func:`allreduce` (not differentiable); returns ``tensor``."""
+    if _compiling():
+        return _library.traced_allreduce_(tensor, average, name, op, prescale_factor,
+                                          postscale_factor, process_set)
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 
@@ -155,6 +174,10 @@ def grouped_allreduce(tensors: Iterable[torch.Tensor], average: bool | None = No
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Allreduce of a list of tensors as one fused unit; returns a list of new
     tensors. Defaults, errors and gradients as :func:`allreduce`."""
+    if _compiling():
+        return _library.traced_grouped_allreduce(tensors, average, name, compression, op,
+                                                 prescale_factor, postscale_factor,
+                                                 process_set)
     ident = set_id(process_set, "grouped_allreduce")
     op = resolve_op(average, op, "grouped_allreduce")
     tensors = check_tensors(tensors, "grouped_allreduce")
@@ -250,6 +273,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
     and the dtype must match (else :class:`hora.HoraMismatchError`). A 0-d
     tensor raises ``ValueError``. Differentiable: the gradient is this rank's
     slice of the average over ranks of the incoming gradients (Horovod's)."""
+    if _compiling():
+        return _library.traced_allgather(tensor, name, process_set)
     ident = set_id(process_set, "allgather")
     check_tensor(tensor, "allgather")
     named = name is not None
@@ -301,6 +326,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     (shapes and dtypes must match across ranks). Differentiable: the root's
     gradient is the average of every rank's incoming gradient, the other
     ranks' is zero (Horovod's). Raises ``ValueError`` for a root out of range."""
+    if _compiling():
+        return _library.traced_broadcast(tensor, root_rank, name, process_set)
     ident = set_id(process_set, "broadcast")
     check_tensor(tensor, "broadcast")
     root_rank = check_root(root_rank, "broadcast")
@@ -324,6 +351,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrites ``tensor`` with ``root_rank``'s values and returns it (not
     differentiable)."""
+    if _compiling():
+        return _library.traced_broadcast_(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
@@ -351,6 +380,8 @@ def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None =
     dimension, else ``ValueError``) returns ``(output, received_splits)``,
     the latter an int32 tensor. Differentiable with respect to ``tensor``:
     gradients travel back by the reverse alltoall."""
+    if _compiling():
+        return _library.traced_alltoall(tensor, splits, name, process_set)
     ident = set_id(process_set, "alltoall")
     check_tensor(tensor, "alltoall")
     given = splits is not None
@@ -388,6 +419,9 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
     A 0-d tensor raises ``ValueError``. Differentiable: the gradient is the
     allgather of the incoming gradients times the scale factors, and times
     ``size()`` for Sum (Horovod's)."""
+    if _compiling():
+        return _library.traced_reducescatter(tensor, name, compression, op, process_set,
+                                             prescale_factor, postscale_factor)
     ident = set_id(process_set, "reducescatter")
     check_tensor(tensor, "reducescatter")
     op = check_op(op)
