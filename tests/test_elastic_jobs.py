@@ -109,6 +109,26 @@ def test_a_lost_rank_resumes_from_the_last_commit(ranks, fault, references, job_
     assert not os.path.exists(tmp_path / "state" / "state.pkl")
 
 
+@pytest.mark.parametrize("lost", [2, 0])
+def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_path):
+    """--elastic-in-place: the survivors keep their processes (no second
+    launch), re-form a world of 2 and go on from the very batch the lost
+    rank interrupted, not from the last commit (batch 4)."""
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT], job_env,
+        tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": f"0:{lost}:1:6:kill",
+                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    assert f"horarun: rank {lost} on host" in output and "go on in place" in output, output
+    assert "2 rank(s) go on in place (world re-formed in" in output, output
+    assert "world of 2 from epoch 1 batch 6 (launch 0, resets 1)" in output, output
+    assert "elastic reset" not in output, output  # nothing was launched again
+    results = _params(prefix, 2)
+    _assert_same(results[1:], results)
+    assert all(r["size"] == 2 and r["resets"] == 1 for r in results)
+
+
 def test_losing_every_process_resumes_when_launched_again(references, job_env, tmp_path):
     # The same command line (a script of its own, so no other test shares its
     # state directory) launched twice: the first launch dies for good.

@@ -115,6 +115,17 @@ void RegisterRuntime(py::module_& m) {
     WaitForChange(submitted, work);
   });
   m.def("shutdown", &Shutdown);
+  m.def("reform", [] {
+    Status status;
+    double seconds = 0.0;
+    {
+      py::gil_scoped_release release;
+      status = runtime::Reform(&seconds);
+    }
+    ReleaseFinishedOrphans();  // the old engine completed every collective in flight
+    if (!status.ok()) ThrowStatus(status);
+    return seconds;
+  });
   m.def("is_initialized", &runtime::IsInitialized);
   m.def("rank", [] { return Topo().rank; });
   m.def("size", [] { return Topo().size; });

@@ -34,8 +34,11 @@ state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=
 faults = [f.split(":") for f in os.environ.get("HORA_TEST_FAULT", "").split(",") if f]
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
 launch = os.environ.get("HORA_ELASTIC_RESTARTS", "0")
+# Faults name a rank of the world the process started in: a world re-formed
+# in place (--elastic-in-place) numbers the survivors anew.
+START_RANK = hvd.rank()
 for when, rank, _, _, how in faults:
-    if how == "at-start" and when in ("*", launch) and int(rank) == hvd.rank():
+    if how == "at-start" and when in ("*", launch) and int(rank) == START_RANK:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -52,7 +55,7 @@ def maybe_fail():
 
 
 def fail(when, rank, epoch, batch, how):
-    if when not in ("*", launch) or int(rank) != hvd.rank() or how == "at-start":
+    if when not in ("*", launch) or int(rank) != START_RANK or how == "at-start":
         return
     if (int(epoch), int(batch)) != (state.epoch, state.batch):
         return

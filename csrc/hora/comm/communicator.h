@@ -59,6 +59,18 @@ class Communicator {
                                ReduceOp op) = 0;
   virtual Status Barrier() = 0;
 
+  // In-place recovery (ULFM: Open MPI 5 under `mpirun --with-ft ulfm`).
+  // Revoke makes every pending and later call on this communicator and its
+  // local and cross parts fail, on every rank, so that no survivor keeps
+  // waiting for a lost peer; any thread may call it. Shrink makes a
+  // communicator of the ranks still alive, collective over them. Without
+  // that support Revoke does nothing and Shrink fails.
+  virtual void Revoke() {}
+  virtual Status Shrink(std::unique_ptr<Communicator>* out) {
+    out->reset();
+    return Status::Internal(Describe() + " cannot continue without a lost rank");
+  }
+
   // Nonblocking point-to-point for the algorithms in algo/ (ring). Post*
   // return an id; Wait(id) completes that one, WaitAll() every posted one.
   // Messages of one (source, tag) pair arrive in the order they were sent.

@@ -267,7 +267,7 @@ void Engine::Shutdown() {
 void Engine::Abort(const Status& reason) {
   HORA_LOG(kError) << reason.message();
   aborted_ = true;
-  Stop(reason);
+  Break(reason);
   if (sets_) sets_->Abort(reason);
   if (wakeup_) wakeup_->NotifyLocal();
   std::lock_guard<std::mutex> lock(loop_mutex_);
@@ -300,6 +300,11 @@ void Engine::Stop(const Status& reason) {
     join_work_->Complete(reason);
     join_work_.reset();
   }
+}
+
+void Engine::Break(const Status& reason) {
+  comm_->Revoke();
+  Stop(reason);
 }
 
 bool Engine::HasLocalWork() const {
@@ -395,7 +400,7 @@ void Engine::Loop() {
     if (status.ok() && events.lost_rank >= 0) status = LostRank(events);
     if (!status.ok()) {
       HORA_LOG(kError) << status.message();
-      Stop(status);
+      Break(status);
       return;
     }
   }
@@ -432,7 +437,7 @@ bool Engine::RunCycles() {
       if (status.ok() && events.lost_rank >= 0) status = LostRank(events);
       if (!status.ok()) {
         HORA_LOG(kError) << status.message();
-        Stop(status);
+        Break(status);
         return false;
       }
       pending_wants_ += events.wants;
@@ -497,7 +502,7 @@ bool Engine::RunOneCycle(bool* go_idle) {
   stats_.execution += std::chrono::steady_clock::now() - negotiated;
   if (!status.ok()) {
     HORA_LOG(kError) << status.message();
-    Stop(status);
+    Break(status);
     return false;
   }
   if (!result.abort.ok()) {

@@ -84,6 +84,11 @@ class Engine {
   // Shuts `engine` down and drops it, or keeps it for the rest of the
   // process when its thread could not be stopped.
   static void Release(std::shared_ptr<Engine> engine);
+  // After Shutdown: the communicator (null when the thread was left
+  // behind, still using it).
+  std::unique_ptr<Communicator> TakeCommunicator() {
+    return thread_left_running_ ? nullptr : std::move(comm_);
+  }
   // Whether an engine of this process stopped because the job broke (a
   // lost rank, a stall past the shutdown time, a transport error) rather
   // than by shutdown(). MPI_Finalize would then wait for ranks that will
@@ -122,6 +127,10 @@ class Engine {
   bool RunCycles();
   bool RunOneCycle(bool* go_idle);
   void Stop(const Status& reason);
+  // Stop for a job that broke on this rank (a lost peer, a transport error,
+  // a stopped rank): revokes the communicator first, so that the other
+  // ranks' calls with this one fail at once instead of waiting (ULFM).
+  void Break(const Status& reason);
   void Apply(const EngineParameters& parameters);
   Status SubmitSetChange(CollectiveKind kind, std::vector<int64_t> payload,
                          std::shared_ptr<Work>* work);

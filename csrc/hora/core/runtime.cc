@@ -1,5 +1,6 @@
 #include "hora/core/runtime.h"
 
+#include <chrono>
 #include <mutex>
 
 #include "hora/algo/kernels/kernel_set.h"
@@ -55,6 +56,38 @@ void Shutdown() {
     if (engine) g_was_shut_down = true;
   }
   if (engine) Engine::Release(std::move(engine));
+}
+
+Status Reform(double* seconds) {
+  const auto began = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine) {
+    return Status::InvalidArgument("hora.reform: hora is not running; call hora.init() first");
+  }
+  std::shared_ptr<Engine> old;
+  old.swap(g_engine);
+  g_was_shut_down = true;  // until the new engine runs
+  old->Shutdown();
+  std::unique_ptr<Communicator> comm = old->TakeCommunicator();
+  if (!comm) {
+    Engine::Release(std::move(old));
+    return Status::Internal(
+        "hora.reform: the engine's thread is still inside a transport call with the lost rank");
+  }
+  // The other survivors may still be blocked in a call with the lost rank.
+  comm->Revoke();
+  std::unique_ptr<Communicator> survivors;
+  HORA_RETURN_IF_ERROR(comm->Shrink(&survivors).WithContext("hora.reform"));
+  Config config;
+  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
+  SetLogRank(survivors->rank());
+  std::unique_ptr<Engine> engine;
+  HORA_RETURN_IF_ERROR(
+      Engine::Start(std::move(survivors), config, &engine).WithContext("hora.reform"));
+  g_engine = std::move(engine);
+  g_was_shut_down = false;
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return Status::OK();
 }
 
 bool IsInitialized() {

@@ -29,6 +29,11 @@ Status Init(const InitOptions& options);
 // Stops the engine (telling the other ranks); idempotent.
 void Shutdown();
 bool IsInitialized();
+// After a lost rank: the survivors form a world of their own in place and
+// start a new engine over it, keeping their processes (ULFM; see
+// Communicator::Shrink). Collective over the survivors; the process sets
+// are gone with the old world. `seconds` gets how long it took.
+Status Reform(double* seconds);
 // The running engine, or an error naming the fix (init first, or again
 // after a shutdown).
 Status Current(std::shared_ptr<Engine>* out);

@@ -1,10 +1,13 @@
 """python -m hora.bench elastic: what elastic training costs.
 
-recovery: a 2-rank elastic PyTorch job under horarun (a small MLP; PyTorch
-    imported by every new rank) loses rank 1 to SIGKILL at a fixed step;
-    reported is the time from the kill to the first training step of the
-    next world, and how that splits into horarun noticing, the relaunch up
-    to ``hora.init()`` returning, and restoring the commit.
+recovery: an elastic PyTorch job under horarun (a small MLP) loses its
+    last rank to SIGKILL at a fixed step; reported is the time from the kill
+    to the first training step of the next world. Relaunched (the default
+    mode; 2 ranks, PyTorch imported again by every new rank), it splits into
+    the relaunch up to ``hora.init()`` returning and restoring the commit;
+    in place (``--elastic-in-place``; 2, 3 and 4 ranks) into detecting the
+    loss, re-forming the world and syncing the state (until the reset
+    callbacks run), and the redone step.
 commit: ``state.commit()`` of a TorchState whose model has N MB of float32
     parameters (plus as much SGD momentum), in one process: the time the
     training thread spends in commit(), and how long the background write
@@ -36,38 +39,63 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
+    parser.add_argument("--modes", default="relaunch,in-place",
+                        help="recovery: relaunch and/or in-place (default both)")
+    parser.add_argument("--ranks", default="2,3,4",
+                        help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--skip-recovery", action="store_true",
                         help="measure the cost of commit() only")
     parser.add_argument("--json", help="write the results to this file")
     return parser
 
 
-def measure_recovery(repeats: int) -> list[dict]:
+def _recovery_job(ranks: int, in_place: bool, folder: str) -> dict[str, float]:
+    env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
+               HORA_BENCH_KILL_STEP="30")
+    extra = ["--elastic-in-place"] if in_place else []
+    done = subprocess.run(
+        [sys.executable, "-m", "hora.runner", "-np", str(ranks), "--min-np", str(ranks - 1 if
+                                                                                in_place else
+                                                                                ranks),
+         *extra, sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=300,
+        check=False)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"the recovery job failed:\n{output[-4000:]}")
+    if in_place and "go on in place" not in output:
+        raise RuntimeError(f"the survivors did not go on in place:\n{output[-4000:]}")
+    events = {m.group(1): float(m.group(2))
+              for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
+    needed = ["killed", "first_step"] + (["reset"] if in_place else ["initialized", "restored"])
+    if any(name not in events for name in needed):
+        raise RuntimeError(f"the recovery job did not report its events:\n{output[-4000:]}")
+    return events
+
+
+def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[dict]:
     rows = []
-    for _ in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
-            env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
-                       HORA_BENCH_KILL_STEP="30")
-            done = subprocess.run(
-                [sys.executable, "-m", "hora.runner", "-np", "2", "--min-np", "2",
-                 sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=300,
-                check=False)
-        output = done.stdout + done.stderr
-        if done.returncode != 0:
-            raise RuntimeError(f"the recovery job failed:\n{output[-4000:]}")
-        events = {m.group(1): float(m.group(2))
-                  for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
-        noticed = re.search(r"horarun: elastic reset 1", output)
-        if not noticed or "killed" not in events or "first_step" not in events:
-            raise RuntimeError(f"the recovery job did not report its events:\n{output[-4000:]}")
-        rows.append({
-            "kill_to_first_step_s": events["first_step"] - events["killed"],
-            "kill_to_init_s": events["initialized"] - events["killed"],
-            "restore_s": events["restored"] - events["initialized"],
-        })
-        print(f"  recovery: {rows[-1]['kill_to_first_step_s']:.2f} s from SIGKILL to the first "
-              f"step of the next world ({rows[-1]['kill_to_init_s']:.2f} s to hora.init(), "
-              f"{rows[-1]['restore_s']:.2f} s restoring)", flush=True)
+    for mode in modes:
+        for ranks in (sizes if mode == "in-place" else [2]):
+            for _ in range(repeats):
+                with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
+                    events = _recovery_job(ranks, mode == "in-place", folder)
+                row: dict[str, float | int | str] = {
+                    "mode": mode, "ranks": ranks,
+                    "kill_to_first_step_s": events["first_step"] - events["killed"]}
+                if mode == "in-place":
+                    settle = events["reset"] - events["killed"]
+                    redone = events["first_step"] - events["reset"]
+                    row.update(kill_to_reset_s=settle, redone_step_s=redone)
+                    split = (f"{settle * 1e3:.0f} ms to detect, re-form and sync, "
+                             f"{redone * 1e3:.0f} ms for the redone step")
+                else:
+                    init = events["initialized"] - events["killed"]
+                    restore = events["restored"] - events["initialized"]
+                    row.update(kill_to_init_s=init, restore_s=restore)
+                    split = f"{init:.2f} s to hora.init(), {restore:.2f} s restoring"
+                rows.append(row)
+                print(f"  {mode}, {ranks} ranks: {row['kill_to_first_step_s']:.3f} s from "
+                      f"SIGKILL to the first step after it ({split})", flush=True)
     return rows
 
 
@@ -112,10 +140,16 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     results = {"benchmark": "elastic"}
     if not args.skip_recovery:
-        print("# elastic recovery: 2 ranks, rank 1 SIGKILLed at step 30", flush=True)
-        results["recovery"] = measure_recovery(args.repeats)
-        median = statistics.median(r["kill_to_first_step_s"] for r in results["recovery"])
-        print(f"  median: {median:.2f} s", flush=True)
+        print("# elastic recovery: the last rank SIGKILLed at step 30", flush=True)
+        modes = [m for m in args.modes.split(",") if m]
+        results["recovery"] = measure_recovery(args.repeats, modes,
+                                               [int(r) for r in args.ranks.split(",")])
+        for mode in modes:
+            for ranks in sorted({r["ranks"] for r in results["recovery"] if r["mode"] == mode}):
+                median = statistics.median(r["kill_to_first_step_s"]
+                                           for r in results["recovery"]
+                                           if r["mode"] == mode and r["ranks"] == ranks)
+                print(f"  median, {mode}, {ranks} ranks: {median:.3f} s", flush=True)
     print("# elastic commit cost (one process)", flush=True)
     results["commit"] = measure_commit([float(s) for s in args.sizes_mb.split(",")],
                                        args.repeats)

@@ -13,8 +13,9 @@ import tempfile
 
 from hora.runner import check_build, elastic, hosts, supervise
 from hora.runner.mpi_command import (
-    OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, find_mpirun,
-    forwarded_env_names, pypi_mpirun, query_flavour, usable_cores)
+    OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, describe_version,
+    find_mpirun, forwarded_env_names, pypi_mpirun, query_flavour, query_version_text,
+    ulfm_capable, usable_cores)
 
 DEFAULT_START_TIMEOUT_S = 60.0
 _LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "off")
@@ -149,6 +150,10 @@ def build_parser():
     elastic.add_argument("--supervisor-address", metavar="ADDRESS",
                          help="address at which rank 0 reaches horarun for host-change notices "
                               "when the job spans other hosts (default: this host's name)")
+    elastic.add_argument("--elastic-in-place", action="store_true",
+                         help="after a lost rank the other ranks keep their processes and go "
+                              "on from the state they hold, in a world re-formed in place "
+                              "(Open MPI 5 with ULFM; other MPIs relaunch every rank)")
     elastic.add_argument("--elastic-timeout", type=_non_negative(float), metavar="S",
                          default=600.0,
                          help="how long to wait for --min-np slots before giving up "
@@ -214,7 +219,7 @@ def parse_args(argv=None):
         parser.error(str(exc))
     args.elastic = None
     if (args.min_np is not None or args.max_np is not None
-            or args.host_discovery_script is not None):
+            or args.host_discovery_script is not None or args.elastic_in_place):
         min_np = args.min_np or 1
         max_np = args.max_np
         if max_np is None and args.host_discovery_script is None:
@@ -230,7 +235,8 @@ def parse_args(argv=None):
             min_np=min_np, max_np=max_np, discovery_script=args.host_discovery_script,
             slots_per_host=args.slots_per_host, reset_limit=args.reset_limit,
             cooldown_range=None if cooldown is None else tuple(cooldown),
-            elastic_timeout=args.elastic_timeout, supervisor_address=args.supervisor_address)
+            elastic_timeout=args.elastic_timeout, supervisor_address=args.supervisor_address,
+            in_place=args.elastic_in_place)
     for item in args.env:
         name = item.partition("=")[0]
         if not name or not (name[0].isalpha() or name[0] == "_") or \
@@ -347,6 +353,11 @@ def main(argv=None):
         return 1
     if note:
         _log(note)
+    if args.elastic is not None and args.elastic.in_place and not ulfm_capable(mpirun, flavour):
+        _log(f"horarun: --elastic-in-place needs Open MPI 5 (ULFM); {mpirun} is "
+             f"{describe_version(query_version_text(mpirun))}, so a lost rank relaunches every "
+             f"rank from the last commit instead")
+        args.elastic.in_place = False
 
     output_dir = os.path.abspath(args.output_filename) if args.output_filename else None
     with tempfile.TemporaryDirectory(prefix="horarun-") as scratch:
@@ -358,9 +369,12 @@ def main(argv=None):
                 with open(machinefile, "w", encoding="utf-8") as f:
                     f.write(hosts.machinefile_text(host_list))
             job_env = dict(env, **extra_env)
+            in_place = extra_env.get("HORA_ELASTIC_IN_PLACE") == "1"
+            # ULFM, for the survivors of a lost rank to go on in place
+            mpi_args = ["--with-ft", "ulfm", *args.mpi_args] if in_place else args.mpi_args
             spec = LaunchSpec(num_proc=num_proc, hosts=host_list, cores=usable_cores(),
                               env_names=sorted(set(names) | set(extra_env)),
-                              binding_args=args.binding_args, mpi_args=args.mpi_args,
+                              binding_args=args.binding_args, mpi_args=mpi_args,
                               euid=os.geteuid(), machinefile=machinefile)
             default_threads(job_env, spec)
             cmd = build_command(mpirun, flavour, spec, args.command, output_dir=output_dir)
@@ -370,7 +384,7 @@ def main(argv=None):
                 try:
                     outcome = supervise.run(cmd, num_proc, args.start_timeout,
                                             sys.stdout.buffer, sys.stderr.buffer, _log,
-                                            env=job_env)
+                                            env=job_env, in_place=in_place)
                 except OSError as exc:
                     return supervise.Outcome(1, f"horarun: could not start {mpirun}: {exc}")
                 if not (outcome.transient_start_failure and attempt == 1):

@@ -59,6 +59,8 @@ class ElasticOptions:
     # where rank 0 reaches horarun when the job spans other hosts (default:
     # this host's name)
     supervisor_address: str | None = None
+    # --elastic-in-place: survivors of a lost rank go on in their processes
+    in_place: bool = False
 
 
 def state_directory(env: dict[str, str], command: list[str]) -> str:
@@ -288,6 +290,8 @@ def run(options: ElasticOptions, discovery: Discovery,
             f"{options.supervisor_address or socket.gethostname()}:{port}"
         extra = {"HORA_ELASTIC_STATE_DIR": state_dir, "HORA_ELASTIC_RESTARTS": str(resets),
                  "HORA_ELASTIC_SUPERVISOR": address}
+        if options.in_place:
+            extra["HORA_ELASTIC_IN_PLACE"] = "1"
         watcher = _Watcher(discovery, blacklist, options, world, notifier, log)
         started = time.monotonic()
         try:

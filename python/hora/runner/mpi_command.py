@@ -144,6 +144,15 @@ def query_flavour(mpirun):
     return detect_flavour(query_version_text(mpirun))
 
 
+def ulfm_capable(mpirun, flavour):
+    """Whether ``mpirun`` can run a job whose survivors re-form in place
+    (``--with-ft ulfm``: Open MPI 5 and later)."""
+    if flavour != OPEN_MPI:
+        return False
+    found = re.search(r"(\d+)\.\d+", query_version_text(mpirun) or "")
+    return found is not None and int(found.group(1)) >= 5
+
+
 def usable_cores():
     """Cores this process may run on, which can be fewer than the machine has."""
     try:

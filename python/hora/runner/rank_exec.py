@@ -285,8 +285,14 @@ def main(argv=None):
     if code < 0:
         _write(sys.stderr.buffer,
                prefix + f"killed by signal {markers.signal_name(-code)}\n".encode())
-        return 128 - code
-    return code
+    if code != 0 and env.get("HORA_ELASTIC_IN_PLACE") == "1":
+        # The other ranks go on without this one (ULFM), and Open MPI tells
+        # them of a lost process only when it ends abnormally: an exit code,
+        # even a non-zero one, would leave them waiting for it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

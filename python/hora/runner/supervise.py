@@ -111,12 +111,14 @@ def _end_with_horarun():
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
+def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=False):
     """Runs ``cmd`` (an mpirun command line) and returns an Outcome.
 
     ``stdout``/``stderr`` receive the job's output (binary streams), ``log``
     is called with horarun's own messages; ``env`` is mpirun's environment
-    (default: this process's).
+    (default: this process's). With ``in_place`` (elastic recovery in
+    place) a failed rank does not stop the others: the job succeeds when
+    every rank that did not fail exits with 0.
     """
     events = queue.Queue()
     # A session of its own: a Ctrl-C in the terminal reaches horarun only,
@@ -163,7 +165,10 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
                 # Markers from different hosts can arrive out of order (a
                 # peer that lost its connection may report before the host
                 # of the rank that died does): see _cause.
-                if not failures:
+                if in_place:
+                    log(f"horarun: rank {value.rank} on host {value.host} failed "
+                        f"({value.describe()}); the other ranks go on in place")
+                elif not failures:
                     job.terminate(now + FAIL_FAST_GRACE_S, KILL_GRACE_S)
                 failures[value.rank] = value
         elif kind == "signal":
@@ -211,6 +216,12 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None):
         if proc.poll() is None:
             proc.kill()
 
+    survivors = sorted(exited - set(failures))
+    if (in_place and failures and survivors and stop_signal is None and not start_expired
+            and set(survivors) | set(failures) == set(range(num_proc))):
+        # Every rank that did not fail ended well: the job finished in place.
+        return Outcome(0, f"horarun: rank(s) {_rank_list(sorted(failures))} failed; ranks "
+                          f"{_rank_list(survivors)} finished in place", started=frozenset(started))
     outcome = _outcome(code, num_proc, started, _cause(failures, raised, hosts),
                        stop_signal, start_expired, start_timeout, exited)
     outcome.transient_start_failure = (transient and code != 0 and not started

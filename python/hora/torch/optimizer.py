@@ -237,6 +237,17 @@ class _DistributedOptimizer(SynchronizeSwitch):
             self._hora_finish(entry, result)
         self._hora_synchronized = True
 
+    def _hora_drop_step(self):
+        """Forgets the step in flight (its reductions failed with a lost
+        rank) and its gradients, so that the survivors redo it in a world
+        re-formed in place (hora.common.elastic)."""
+        self._hora_pending.clear()
+        self._hora_ready.clear()
+        for p in self._hora_delay:
+            self._hora_delay[p] = self.backward_passes_per_step
+        self._hora_synchronized = self._hora_clipped = False
+        super().zero_grad(set_to_none=True)
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the averaged gradients:

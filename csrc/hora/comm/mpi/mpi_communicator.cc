@@ -10,6 +10,19 @@
 #include <mutex>
 #include <sstream>
 
+// Open MPI's extensions: ULFM's MPIX_Comm_revoke and MPIX_Comm_shrink
+// where the library was built with fault tolerance (Open MPI 5).
+#if defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+#if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI
+#define HORA_HAVE_ULFM 1
+#else
+#define HORA_HAVE_ULFM 0
+#endif
+
 namespace hora {
 namespace {
 
@@ -233,6 +246,33 @@ Status MpiCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Com
   result->SetBlockingCollectives(blocking_);
   *out = std::move(result);
   return Status::OK();
+}
+
+void MpiCommunicator::Revoke() {
+#if HORA_HAVE_ULFM
+  // Errors are ignored: without `--with-ft ulfm` there is nothing to revoke
+  // with, and the job is going down anyway.
+  if (comm_ != MPI_COMM_NULL) MPIX_Comm_revoke(comm_);
+  if (local_) local_->Revoke();
+  if (cross_) cross_->Revoke();
+#endif
+}
+
+Status MpiCommunicator::Shrink(std::unique_ptr<Communicator>* out) {
+  out->reset();
+#if HORA_HAVE_ULFM
+  MPI_Comm survivors = MPI_COMM_NULL;
+  HORA_MPI_CALL(MPIX_Comm_shrink(comm_, &survivors));
+  std::unique_ptr<MpiCommunicator> result;
+  HORA_RETURN_IF_ERROR(Adopt(survivors, hostname_override_, &result));
+  result->SetBlockingCollectives(blocking_);
+  *out = std::move(result);
+  return Status::OK();
+#else
+  return Status::Internal("this MPI (" + LibraryVersion() +
+                          ") has no ULFM (MPIX_Comm_shrink): the survivors of a lost rank cannot "
+                          "form a world in place; Open MPI 5 under `mpirun --with-ft ulfm` can");
+#endif
 }
 
 bool MpiCommunicator::ConcurrentCalls() const {

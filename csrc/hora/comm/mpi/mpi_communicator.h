@@ -52,6 +52,8 @@ class MpiCommunicator : public Communicator {
   Communicator* local() override { return local_.get(); }
   Communicator* cross() override { return cross_.get(); }
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
+  void Revoke() override;
+  Status Shrink(std::unique_ptr<Communicator>* out) override;
   // MPI_THREAD_MULTIPLE.
   bool ConcurrentCalls() const override;
   std::string Describe() const override;

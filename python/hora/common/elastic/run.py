@@ -8,6 +8,14 @@ the first launch, by syncing rank 0's state. A lost rank
 ends the processes with :data:`RESET_EXIT_CODE` once the last commit is
 on disk, and horarun launches the new world. Without an elastic horarun the
 function runs once, after a sync, and those exceptions propagate.
+
+In place (``horarun --elastic-in-place``, which sets
+``HORA_ELASTIC_IN_PLACE=1``): after a lost rank the survivors keep their
+processes, form a world of their own (``hora._C.reform``, ULFM), take the
+state of the new rank 0 (so that a step some survivors finished and others
+did not is redone alike), run the reset callbacks and call the function
+again. Nothing since the last commit is lost. Where the MPI cannot re-form
+in place, they leave for a relaunch as above.
 """
 
 from __future__ import annotations
@@ -95,6 +103,32 @@ def _leave(state: Any, store: CommitStore, why: str) -> None:
         raise SystemExit(RESET_EXIT_CODE)
 
 
+def _reform_in_place(state: Any, store: CommitStore, error: BaseException) -> None:
+    """The survivors' new world, in place; leaves for a relaunch when the
+    MPI cannot form one."""
+    from hora import _C
+    from hora.common.basics import local_rank, rank, size
+    from hora.common.exceptions import HoraError
+    if state.holds_shards():
+        _leave(state, store, f"a rank was lost ({error}) with its shard of the training state")
+    try:
+        seconds = _C.reform()
+    except HoraError as failed:
+        _leave(state, store, f"a rank was lost ({error}), and the survivors cannot go on in "
+                             f"place ({failed})")
+    store.writer = local_rank() == 0
+    state.drop_step_in_flight()
+    # Every survivor takes the new rank 0's state as it is now (not as last
+    # committed): a step that some finished and others did not is redone
+    # alike, and nothing since the last commit is lost.
+    state.save()
+    state.sync()
+    state.on_reset()
+    if rank() == 0:
+        print(f"hora.elastic: a rank was lost ({error}); {size()} rank(s) go on in place (world "
+              f"re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+
+
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorates ``func(state, ...)``, Horovod's ``hvd.elastic.run``."""
     @functools.wraps(func)
@@ -114,12 +148,17 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.sync()
         if job.restarts > 0:
             state.on_reset()
-        try:
-            result = func(state, *args, **kwargs)
-        except HoraInternalError as error:
-            _leave(state, store, f"a rank was lost ({error})")
-        except HostsUpdatedInterrupt:
-            _leave(state, store, "the hosts changed")
+        in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
+        while True:
+            try:
+                result = func(state, *args, **kwargs)
+                break
+            except HoraInternalError as error:
+                if not in_place:
+                    _leave(state, store, f"a rank was lost ({error})")
+                _reform_in_place(state, store, error)
+            except HostsUpdatedInterrupt:
+                _leave(state, store, "the hosts changed")
         from hora.common.ops import barrier
         store.flush()
         barrier()  # every rank is done before the commit is forgotten

@@ -122,6 +122,16 @@ class State:
         part next to the host's snapshot."""
         return None
 
+    def holds_shards(self) -> bool:
+        """Whether part of the state lives on one rank only (a sharded
+        optimizer's): the survivors of a lost rank then cannot go on in
+        place, and resume from the last commit."""
+        return False
+
+    def drop_step_in_flight(self) -> None:
+        """Forgets a training step that a lost rank interrupted (pending
+        gradient reductions), before the survivors go on in place."""
+
     def parts_needed(self) -> int:
         """After :meth:`load_snapshot`: how many ranks' parts the loaded
         commit consists of (the size of the world that committed it), 0

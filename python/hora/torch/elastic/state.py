@@ -193,6 +193,15 @@ class TorchState(ObjectState):
             handler.save()
         super().save()
 
+    def holds_shards(self) -> bool:
+        return any(isinstance(h, _ShardedOptimizerState) for h in self._handlers.values())
+
+    def drop_step_in_flight(self) -> None:
+        for handler in self._handlers.values():
+            drop = getattr(handler.value, "_hora_drop_step", None)
+            if drop is not None:
+                drop()
+
     def restore(self) -> None:
         for handler in self._handlers.values():
             handler.restore()
