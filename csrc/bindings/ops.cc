@@ -240,7 +240,6 @@ std::vector<std::shared_ptr<Work>> AnnounceRefusal(Engine& engine, int kind,
     entry.request.group = group;
     entry.request.group_size = group_size;
     entry.request.refused = why;
-    entry.refusal = true;
     entry.work = std::make_shared<Work>();
     works.push_back(entry.work);
     entries.push_back(std::move(entry));
@@ -253,9 +252,8 @@ std::vector<std::shared_ptr<Work>> AnnounceRefusal(Engine& engine, int kind,
 // calls before raising. Until it has, the name stays in flight here, and a
 // caller that retries at once under the same name would be told so; ranks
 // that all make the same mistake meet within milliseconds. A rank whose
-// peers never make the call raises after this long: its refusal stays with
-// the coordinator for calls the others make later, and the name is free
-// here again.
+// peers never make the call raises after this long, its refusal left in
+// flight (the stall inspector reports it).
 constexpr int kRefusalWaitMs = 2000;
 
 // The call's name for a refusal: none when it is not a string.
@@ -285,7 +283,6 @@ auto Refusing(Engine& engine, int kind, Names&& names, const std::string& group,
         if (left.count() <= 0 || !work->WaitFor(left, &ignored)) break;
       }
     }
-    engine.WithdrawRefusals(works);
     throw;
   }
 }

@@ -156,39 +156,5 @@ TEST(Coordinator, StalledNamesTheMissingRanks) {
   EXPECT_EQ(stalls[0].missing, (std::vector<int>{1, 3}));
 }
 
-TEST(Coordinator, ARefusalFailsEveryRankAndNamesItsRank) {
-  Coordinator coordinator(3);
-  const std::vector<bool> joined(3, false);
-  Request refused = From(1, "r", {});
-  refused.refused = "a reason";
-  coordinator.Add(refused);
-  // Nobody else has made the call: the refusal waits, and is no stall.
-  EXPECT_TRUE(coordinator.TakeReady(joined).empty());
-  EXPECT_TRUE(coordinator
-                  .Stalled(Coordinator::Clock::now() + std::chrono::seconds(61),
-                           std::chrono::seconds(60), joined)
-                  .empty());
-  coordinator.Add(From(0, "r", {2}));
-  coordinator.Add(From(2, "r", {2}));
-  const std::vector<Response> ready = coordinator.TakeReady(joined);
-  ASSERT_EQ(ready.size(), 1u);
-  EXPECT_EQ(ready[0].error_code, StatusCode::kInvalidArgument);
-  EXPECT_EQ(ready[0].error, "rank 1 refused its call: a reason");
-  EXPECT_EQ(ready[0].refused_by, (std::vector<int64_t>{1}));
-}
-
-TEST(Coordinator, ANewRequestTakesTheRefusalsPlace) {
-  Coordinator coordinator(2);
-  const std::vector<bool> joined(2, false);
-  Request refused = From(1, "r", {});
-  refused.refused = "a reason";
-  coordinator.Add(refused);
-  coordinator.Add(From(1, "r", {2}));
-  coordinator.Add(From(0, "r", {2}));
-  const std::vector<Response> ready = coordinator.TakeReady(joined);
-  ASSERT_EQ(ready.size(), 1u);
-  EXPECT_FALSE(ready[0].is_error()) << ready[0].error;
-}
-
 }  // namespace
 }  // namespace hora

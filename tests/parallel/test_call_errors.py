@@ -2,8 +2,6 @@
 the calling rank, before anything is sent. Every rank makes the same bad
 call here, then a good collective shows that nothing was left behind."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -313,30 +311,3 @@ def test_a_call_refused_on_one_rank_fails_on_every_rank_at_once(rank, size):
         assert f"rank {last} refused its call: tensor 'call_errors.refused.group.1' has " \
                f"unsupported element" in str(error)
     check_usable("call_errors.refused.after.group", size)
-
-
-def test_a_name_resubmitted_while_in_flight_fails_where_it_was_a_new_call(rank, size):
-    """Rank 0 submits a name, waits for it and submits it again: a new
-    collective there. The other ranks submitted it twice while the first was
-    still in flight, which they refuse; their refusals reach rank 0's second
-    call once their first has finished, so rank 0 raises naming them rather
-    than waiting for ever. The name then works again everywhere."""
-    if size == 1:
-        pytest.skip("needs a rank on which the first call is still in flight")
-    name = "call_errors.resubmitted"
-    if rank == 0:
-        time.sleep(0.3)  # the others' first call cannot finish before this one
-        hora.synchronize(hora.allreduce_async(np.ones(2), name=name, op=hora.Sum))
-        error = capture(lambda: hora.allreduce(np.ones(2), name=name, op=hora.Sum))
-        assert isinstance(error, hora.HoraInvalidArgumentError), error
-        assert str(error).startswith(f"rank 1 refused its call: '{name}' was submitted there "
-                                     "again while a collective of that name was still in "
-                                     "flight"), str(error)
-    else:
-        first = hora.allreduce_async(np.ones(2), name=name, op=hora.Sum)
-        error = capture(lambda: hora.allreduce_async(np.ones(2), name=name, op=hora.Sum))
-        assert isinstance(error, hora.HoraInvalidArgumentError), error
-        assert "already in flight" in str(error)
-        assert_same(hora.synchronize(first), np.full(2, size, np.float64))
-    check_usable("call_errors.resubmitted.after", size)
-    assert_same(hora.allreduce(np.ones(2), name=name, op=hora.Sum), np.full(2, size, np.float64))

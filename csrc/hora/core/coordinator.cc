@@ -112,19 +112,15 @@ std::vector<Coordinator::Stall> Coordinator::Stalled(Clock::time_point now, Cloc
     stall.name = item.first;
     stall.kind = FirstRequest(p).kind;
     stall.seconds = std::chrono::duration<double>(now - p.since).count();
-    bool only_refusals = true;
     for (int r = 0; r < size_; ++r) {
       if (p.have[r]) {
-        only_refusals = only_refusals && !p.by_rank[r].refused.empty();
         stall.have.push_back(r);
       } else if (!joined[r]) {
         stall.missing.push_back(r);
       }
     }
-    // A group waiting for its last members is not stalled on any rank; nor
-    // is a refusal that no other rank has answered (the refusing caller
-    // has its error, and nobody waits).
-    if (stall.missing.empty() || only_refusals) continue;
+    // A group waiting for its last members is not stalled on any rank.
+    if (stall.missing.empty()) continue;
     stalls.push_back(std::move(stall));
   }
   std::sort(stalls.begin(), stalls.end(),
@@ -235,7 +231,6 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   for (int r : ranks) {
     const std::string& why = p.by_rank[r].refused;
     if (why.empty()) continue;
-    response.refused_by.push_back(r);
     response.error_code = StatusCode::kInvalidArgument;
     response.error += (response.error.empty() ? "" : "; ") + std::string("rank ") +
                       std::to_string(NameOf(names_, r)) + where_ + " refused its call: " + why;

@@ -55,8 +55,6 @@ class Engine {
   // (broadcast roots, alltoall splits).
   Status Enqueue(std::vector<TensorEntry> entries) { return queue_.Add(std::move(entries)); }
   Status EnqueueOne(TensorEntry entry) { return queue_.AddOne(std::move(entry)); }
-  // See TensorQueue::Withdraw.
-  void WithdrawRefusals(const std::vector<std::shared_ptr<Work>>& works) { queue_.Withdraw(works); }
 
   // The job's process sets (the job's engine only; a set's engine has none).
   const ProcessSetTable& process_sets() const { return *sets_; }

@@ -76,13 +76,7 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     const Response& r = responses[i];
     if (r.is_error()) {
       TensorEntry entry;
-      // A rank whose refusal caused the error may have submitted the name
-      // again since, as a new collective: that one waits for its own answer.
-      const bool refused_here =
-          std::find(r.refused_by.begin(), r.refused_by.end(), comm_->rank()) != r.refused_by.end();
-      if (queue_->TakeEntry(r.name, &entry, refused_here)) {
-        entry.work->Complete(Status(r.error_code, r.error));
-      }
+      if (queue_->TakeEntry(r.name, &entry)) entry.work->Complete(Status(r.error_code, r.error));
       ++i;
       continue;
     }

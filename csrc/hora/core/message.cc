@@ -142,7 +142,6 @@ void SerializeResponses(const std::vector<Response>& responses, std::string* out
     w.PutInts(r.splits);
     w.Put<uint8_t>(r.cacheable ? 1 : 0);
     w.Put<int32_t>(r.contributors);
-    w.PutInts(r.refused_by);
   }
 }
 
@@ -158,7 +157,7 @@ Status ParseResponses(const std::string& data, std::vector<Response>* out) {
         !rd.Get(&dtype) || !rd.Get(&op) || !rd.Get(&r.root) || !rd.Get(&on_gpu) ||
         !rd.Get(&r.prescale) || !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) ||
         !rd.GetInts(&r.first_dims) || !rd.GetInts(&r.splits) || !rd.Get(&cacheable) ||
-        !rd.Get(&r.contributors) || !rd.GetInts(&r.refused_by)) {
+        !rd.Get(&r.contributors)) {
       return Status::Internal("truncated response");
     }
     r.cacheable = cacheable != 0;

@@ -63,10 +63,6 @@ struct Response {
   // neutral values, zeros for a sum), or with HORA_JOIN_AVERAGE=contributors
   // the ranks whose real data enters the reduction.
   int32_t contributors = 0;
-  // An error caused by refusals (Request::refused): the ranks that refused.
-  // A refusing rank completes only its refusal with it, never a collective
-  // of the same name it submitted since (see TensorQueue::Add).
-  std::vector<int64_t> refused_by;
 
   bool is_error() const { return error_code != StatusCode::kOk; }
   int64_t NumElements() const;

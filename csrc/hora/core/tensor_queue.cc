@@ -1,7 +1,5 @@
 #include "hora/core/tensor_queue.h"
 
-#include <algorithm>
-#include <iterator>
 #include <unordered_set>
 
 namespace hora {
@@ -13,32 +11,7 @@ Status InFlight(const std::string& name) {
       "' is already in flight on this rank; wait for it to finish or use another name");
 }
 
-std::string Resubmitted(const std::string& name) {
-  return "'" + name +
-         "' was submitted there again while a collective of that name was still in flight";
-}
-
 }  // namespace
-
-void TensorQueue::RefuseLocked(std::vector<Request> refused) {
-  for (Request& r : refused) {
-    r.refused = Resubmitted(r.name);
-    if (entries_.count(r.name) != 0) {
-      deferred_.emplace(r.name, std::move(r));  // one per name is enough
-    } else {
-      new_requests_.push_back(std::move(r));
-    }
-  }
-  has_new_.store(!new_requests_.empty(), std::memory_order_release);
-}
-
-void TensorQueue::ReleaseRefusalLocked(const std::string& name) {
-  auto it = deferred_.find(name);
-  if (it == deferred_.end()) return;
-  new_requests_.push_back(std::move(it->second));
-  deferred_.erase(it);
-  has_new_.store(true, std::memory_order_release);
-}
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // The requests move to the engine (the entries keep only what running the
@@ -54,39 +27,30 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
     if (entries.size() > 1 && !names.insert(name).second) return InFlight(name);
   }
   bool first_new = false;
-  std::string in_flight;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     for (const Request& r : requests) {
-      if (entries_.count(r.name) != 0) {
-        in_flight = r.name;
-        break;
-      }
+      if (entries_.count(r.name) != 0) return InFlight(r.name);
     }
     first_new = new_requests_.empty();
-    if (!in_flight.empty()) {
-      RefuseLocked(std::move(requests));
-      first_new = first_new && !new_requests_.empty();
-    } else {
-      for (size_t i = 0; i < entries.size(); ++i) {
-        entries_.emplace(requests[i].name, std::move(entries[i]));
-      }
-      if (new_requests_.empty()) {
-        new_requests_.swap(requests);
-      } else {
-        for (Request& r : requests) new_requests_.push_back(std::move(r));
-      }
-      has_new_.store(!new_requests_.empty(), std::memory_order_release);
-      in_flight_.store(entries_.size(), std::memory_order_release);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      entries_.emplace(requests[i].name, std::move(entries[i]));
     }
+    if (new_requests_.empty()) {
+      new_requests_.swap(requests);
+    } else {
+      for (Request& r : requests) new_requests_.push_back(std::move(r));
+    }
+    has_new_.store(!new_requests_.empty(), std::memory_order_release);
+    in_flight_.store(entries_.size(), std::memory_order_release);
   }
   // Only the first request since the engine last took them needs to wake
   // it: until it takes them it will find the later ones too. A burst of
   // submissions (a backward pass) then costs one wake-up, not one system
   // call and engine wake-up per tensor.
   if (first_new) on_new_work_();
-  return in_flight.empty() ? Status::OK() : InFlight(in_flight);
+  return Status::OK();
 }
 
 Status TensorQueue::AddOne(TensorEntry entry) {
@@ -100,13 +64,7 @@ Status TensorQueue::AddOne(TensorEntry entry) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     auto inserted = entries_.emplace(std::move(key), std::move(entry));
-    if (!inserted.second) {
-      const std::string name = request.name;
-      std::vector<Request> refused;
-      refused.push_back(std::move(request));
-      RefuseLocked(std::move(refused));  // deferred: the name is in flight
-      return InFlight(name);
-    }
+    if (!inserted.second) return InFlight(request.name);
     first_new = new_requests_.empty();
     new_requests_.push_back(std::move(request));
     has_new_.store(true, std::memory_order_release);
@@ -134,25 +92,14 @@ void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
   burst_capacity_ = std::min<size_t>(std::max(burst_capacity_, out->size()), kMaxBurstCapacity);
 }
 
-bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out, bool refusal_only) {
+bool TensorQueue::TakeEntry(const std::string& name, TensorEntry* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);
-  if (it == entries_.end() || (refusal_only && !it->second.refusal)) return false;
+  if (it == entries_.end()) return false;
   *out = std::move(it->second);
   entries_.erase(it);
-  if (!deferred_.empty()) ReleaseRefusalLocked(name);
   in_flight_.store(entries_.size(), std::memory_order_release);
   return true;
-}
-
-void TensorQueue::Withdraw(const std::vector<std::shared_ptr<Work>>& works) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    const bool mine =
-        it->second.refusal && std::find(works.begin(), works.end(), it->second.work) != works.end();
-    it = mine ? entries_.erase(it) : std::next(it);
-  }
-  in_flight_.store(entries_.size(), std::memory_order_release);
 }
 
 void TensorQueue::TakeEntries(const Response* batch, size_t count, TensorEntry* out,
@@ -165,7 +112,6 @@ void TensorQueue::TakeEntries(const Response* batch, size_t count, TensorEntry* 
     out[k] = std::move(it->second);
     entries_.erase(it);
     (*present)[k] = true;
-    if (!deferred_.empty()) ReleaseRefusalLocked(batch[k].name);
   }
   in_flight_.store(entries_.size(), std::memory_order_release);
 }
@@ -175,7 +121,6 @@ void TensorQueue::FailAll(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failed.swap(entries_);
-    deferred_.clear();
     new_requests_.clear();
     has_new_.store(false, std::memory_order_release);
     in_flight_.store(0, std::memory_order_release);

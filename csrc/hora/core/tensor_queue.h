@@ -32,9 +32,6 @@ struct TensorEntry {
   // the pool).
   uintptr_t stream = 0;
   std::shared_ptr<void> ready;
-  // A refused call's stand-in (Request::refused), completed by the answer
-  // to the refusal.
-  bool refusal = false;
 };
 
 class TensorQueue {
@@ -47,15 +44,7 @@ class TensorQueue {
   const std::shared_ptr<WaitActivity>& shared_activity() const { return activity_; }
 
   // Adds all entries or none (a group must not be half-submitted). Fails
-  // with InvalidArgument if a name is already in flight or repeated.
-  //
-  // A call refused because a name is in flight still answers the other
-  // ranks, which may have finished that collective already and submitted
-  // the name again: each of the call's names goes to the negotiation as
-  // refused (Request::refused), at once, or for a name in flight once its
-  // collective has finished here. Such a refusal holds no entry: the caller
-  // has its error already, and may use the name again at once (the new
-  // request takes the refusal's place at the coordinator). Calls
+  // with InvalidArgument if a name is already in flight or repeated. Calls
   // on_new_work only when these are the first new requests since the last
   // TakeNewRequests.
   Status Add(std::vector<TensorEntry> entries);
@@ -69,13 +58,7 @@ class TensorQueue {
   bool HasInFlight() const { return in_flight_.load(std::memory_order_acquire) > 0; }
   // Removes and returns the entry; false if this rank never submitted it
   // (a rank that has joined runs allreduces it did not submit).
-  // With `refusal_only`, only a refusal's entry (the answer to this rank's
-  // refusal must not complete a new collective of the same name).
-  bool TakeEntry(const std::string& name, TensorEntry* out, bool refusal_only = false);
-  // Removes the entries of these refusals (matched by Work) if they are
-  // still here: their refusals stay with the coordinator, the names are
-  // free on this rank again.
-  void Withdraw(const std::vector<std::shared_ptr<Work>>& works);
+  bool TakeEntry(const std::string& name, TensorEntry* out);
   // TakeEntry for every response of a fused batch under one lock;
   // (*present)[k] says whether batch[k] was submitted here.
   void TakeEntries(const Response* batch, size_t count, TensorEntry* out,
@@ -93,10 +76,6 @@ class TensorQueue {
   std::atomic<size_t> in_flight_{0};  // entries_.size(), written under mutex_
   std::function<void()> on_new_work_;
   std::shared_ptr<WaitActivity> activity_;
-  // Refusals of names in flight here, sent when those collectives finish.
-  void RefuseLocked(std::vector<Request> refused);
-  void ReleaseRefusalLocked(const std::string& name);
-  std::unordered_map<std::string, Request> deferred_;
   bool closed_ = false;
   Status closed_status_;
   // Engine thread only: the room TakeNewRequests leaves for the next burst.
