@@ -77,12 +77,18 @@ def model_option(sharding, model):
     return {"model": model} if sharding == "parameters" else {}
 
 
-def assert_same(got, expected, exact=False):
+def assert_same(got, expected, exact=False, rtol=1e-5):
+    """Bit-identical where the reduction order is the same (``exact``);
+    otherwise within a few float32 roundings per step, summed in another
+    order (a wrong reduction is off by far more). On a CPU where PyTorch
+    runs AVX-512 kernels the differences reach a few 1e-6 relative after
+    the test's steps (2026-11-27), and ``rtol`` is wider for optimizers
+    that divide by a running mean square (RMSprop), which magnify them."""
     for a, b in zip(got, expected):
         if exact:
             assert torch.equal(a, b), (a - b).abs().max()
         else:
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(a, b, rtol=rtol, atol=1e-6)
 
 
 def assert_identical_on_every_rank(model):

@@ -36,7 +36,8 @@ def test_sharded_training_matches_replicated(sharding, optimizer_class, options,
     expected = parameters(model)
     model, optimizer = make(optimizer_class, sharding, optimizer_options=options)
     train(model, optimizer)
-    assert_same(parameters(model), expected, exact=exact_reduction(size))
+    assert_same(parameters(model), expected, exact=exact_reduction(size),
+                rtol=1e-4 if optimizer_class is torch.optim.RMSprop else 1e-5)
     assert_identical_on_every_rank(model)
 
 
