@@ -121,10 +121,15 @@ Status StallInspector::Check(Clock::time_point now, const Coordinator& coordinat
   if (shutdown_ > Clock::duration::zero()) {
     std::vector<Coordinator::Stall> fatal = coordinator.Stalled(now, shutdown_, joined);
     if (!fatal.empty()) {
+      // The report names every collective of the hang, also those that
+      // began a moment after the first (ranks that each wait for another's
+      // collective started them within milliseconds of each other).
+      const Clock::duration reported = warning_ > Clock::duration::zero() ? warning_ : shutdown_;
       std::string message =
           "hora stopped the job: collectives waited longer than " +
           Round(Seconds(shutdown_).count()) +
-          " (HORA_STALL_SHUTDOWN_TIME_SECONDS) for some ranks:" + Describe(fatal, coordinator) +
+          " (HORA_STALL_SHUTDOWN_TIME_SECONDS) for some ranks:" +
+          Describe(coordinator.Stalled(now, std::min(reported, shutdown_), joined), coordinator) +
           hint;
       HORA_LOG(kError) << message;
       return Status::Timeout(message);
