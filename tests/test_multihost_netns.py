@@ -98,6 +98,9 @@ def test_collective_suite_across_hosts(fake_hosts, host_arg):
     # world sizes up to 3.
     skip = [f"--ignore={ROOT / 'parallel' / name}"
             for name in ("test_mismatch_errors.py", "test_shutdown_reinit.py")] if ranks > 3 else []
+    # Compiled graphs call the same collectives; compiling them again across
+    # the hosts would only add minutes.
+    skip.append(f"--ignore={ROOT / 'parallel' / 'test_torch_compile.py'}")
     # Each pretend host believes it has all of this machine's cores, so with
     # two ranks on each, mpirun would pin one rank of each host to every
     # core, and a test that busy-polls a handle would starve its core's
