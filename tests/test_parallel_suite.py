@@ -1,5 +1,6 @@
 """Runs tests/parallel under horarun at world sizes 1, 2 and 3 with the
-default algorithm choice, and again with each allreduce path forced: the
+default algorithm choice, and its reducing tests (REDUCING) again with each
+allreduce path forced: the
 shared-memory and ring paths at 2 and 3 ranks, MPI's own at 3, and the
 hierarchical path with the ranks split into pretend hosts (3 hosts of one
 rank, and 2 hosts of two ranks). Two jobs use the portable (generic) element
@@ -17,6 +18,12 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent
+# What a forced allreduce path or kernel set changes: the reductions. The
+# jobs with the default choice run every file; the others run these.
+REDUCING = ["test_allreduce.py", "test_adasum.py", "test_fusion.py", "test_grouped.py",
+            "test_inplace_async.py", "test_join.py", "test_process_sets.py",
+            "test_reducescatter.py", "test_scaling.py", "test_shapes.py", "test_torch_buckets.py",
+            "test_torch_optimizer.py", "test_torch_adasum_optimizer.py", "test_torch_ops.py"]
 JOB_TIMEOUT_SECONDS = int(os.environ.get("HORA_TEST_JOB_TIMEOUT", "600"))
 
 
@@ -38,6 +45,9 @@ def test_parallel_suite(world_size, algorithm, fake_hosts, kernels):
     skip = ["--ignore=" + str(ROOT / "parallel" / name)
             for name in ("test_mismatch_errors.py", "test_shutdown_reinit.py")] \
         if world_size > 3 else []
+    default = (algorithm, fake_hosts, kernels) == ("auto", 0, "auto")
+    files = [str(ROOT / "parallel")] if default else \
+        [str(ROOT / "parallel" / name) for name in REDUCING]
     if kernels == "avx2" and not (cpu_has("avx2") and cpu_has("f16c") and cpu_has("fma")):
         kernels = "generic"  # the instruction set is not there to test
     # A test that fails on some ranks only leaves the others waiting in a
@@ -49,7 +59,7 @@ def test_parallel_suite(world_size, algorithm, fake_hosts, kernels):
     command = [sys.executable, "-m", "hora.runner", "-np", str(world_size),
                sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                # A test stuck for minutes prints every thread's Python stack.
-               "-o", "faulthandler_timeout=240", *skip, str(ROOT / "parallel")]
+               "-o", "faulthandler_timeout=240", *skip, *files]
     try:
         job = subprocess.run(command, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_SECONDS)
