@@ -88,6 +88,41 @@ def test_named_and_in_place_calls(rank, size):
     torch.testing.assert_close(averaged, torch.full((4,), (size - 1) / 2))
 
 
+def test_async_forms_return_finished_handles_inside_the_graph(rank, size):
+    def step(t):
+        handles = [hvd.allreduce_async(t, name="compile.async.sum", op=hvd.Sum),
+                   hvd.allgather_async(t, name="compile.async.gather"),
+                   hvd.broadcast_async(t, root_rank=0, name="compile.async.bcast"),
+                   hvd.reducescatter_async(t, name="compile.async.rs", op=hvd.Sum),
+                   hvd.alltoall_async(t, name="compile.async.a2a"),
+                   hvd.grouped_allreduce_async([t, t * 2], name="compile.async.group",
+                                               op=hvd.Sum)]
+        polled = [hvd.poll(h) for h in handles]
+        results = [hvd.synchronize(h) for h in handles]
+        u = t.clone()
+        hvd.synchronize(hvd.allreduce_async_(u, name="compile.async.inplace", op=hvd.Sum))
+        v = [t.clone(), t.clone()]
+        hvd.grouped_allreduce_(v, name="compile.async.group_", op=hvd.Sum)
+        return results, u, v, polled
+
+    x = torch.arange(size * 2, dtype=torch.float32) + rank
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    got, u, v, polled = torch.compile(step, fullgraph=True, backend=backend)(x)
+    assert len(graphs) == 1 and all(polled)  # finished as soon as started
+    want, u_eager, v_eager, _ = step(x)
+    for a, b in zip(got[:4] + [got[4][0]] + got[5], want[:4] + [want[4][0]] + want[5]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(u, u_eager)
+    for a, b in zip(v, v_eager):
+        torch.testing.assert_close(a, b)
+
+
 def test_inductor_compiles_a_model_that_allreduces(rank, size):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

@@ -423,6 +423,25 @@ def traced_grouped_allreduce(tensors, average, name, compression, op, prescale, 
     return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outputs, compressed)]
 
 
+def traced_grouped_allreduce_(tensors, average, name, op, prescale, postscale, process_set):
+    tensors = list(tensors)
+    outputs = traced_grouped_allreduce(tensors, average, name, _NoCompression, op, prescale,
+                                       postscale, process_set)
+    for tensor, output in zip(tensors, outputs):
+        tensor.copy_(output)
+    return tensors
+
+
+class _NoCompression:
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
 def traced_allgather(tensor, name, process_set):
     return allgather_op(tensor, name or "", _ident(process_set))
 
@@ -438,8 +457,8 @@ def traced_broadcast_(tensor, root_rank, name, process_set):
     return tensor
 
 
-def traced_alltoall(tensor, splits, name, process_set):
-    given = splits is not None
+def traced_alltoall(tensor, splits, name, process_set, always_received=False):
+    given = splits is not None or always_received
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()  # a graph break: pass a list of ints to stay in the graph
     output, received = alltoall_op(tensor, None if splits is None else [int(s) for s in splits],

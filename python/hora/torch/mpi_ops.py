@@ -35,8 +35,9 @@ and ``torch.export``, the synchronous collectives and ``allreduce_`` /
 ``reducescatter``), with the same results, gradients and errors as in
 eager mode. Unnamed calls are then named by call order when the graph runs,
 so every rank must run the same graphs. Pass alltoall's ``splits`` as a
-list there: a tensor of splits breaks the graph. The ``*_async`` forms are
-not operators: calling them in compiled code breaks the graph.
+list there: a tensor of splits breaks the graph. The ``*_async`` forms run
+the same operators there and return a handle that is already complete:
+the graph orders the collective, so nothing overlaps it in Python.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import torch
 
 from hora.common import ops as _numpy_ops
 from hora.common._adapter.handles import (  # noqa: F401 (re-exported)
-    CallableHandle, Handle, poll, synchronize)
+    CallableHandle, DoneHandle, Handle, poll, synchronize)
 from hora.common._adapter.naming import group_names
 # Horovod's torch.mpi_ops has the reduce ops too
 from hora.common.basics import (  # noqa: F401
@@ -82,6 +83,10 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     tensor on a device other than CPU or CUDA, an unknown op, a process set
     this rank is not in, ``TypeError`` for an
     unsupported dtype. Not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_allreduce(
+            tensor.detach(), average, name, Compression.none, op, prescale_factor,
+            postscale_factor, process_set))
     ident = set_id(process_set, "allreduce_async")
     op = resolve_op(average, op, "allreduce_async")
     check_tensor(tensor, "allreduce_async")
@@ -130,6 +135,9 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`allreduce_async`: the result overwrites ``tensor``;
     ``synchronize`` returns ``tensor``. Same defaults and errors."""
+    if _compiling():
+        return DoneHandle(_library.traced_allreduce_(
+            tensor, average, name, op, prescale_factor, postscale_factor, process_set))
     ident = set_id(process_set, "allreduce_async_")
     op = resolve_op(average, op, "allreduce_async_")
     check_tensor(tensor, "allreduce_async_")
@@ -158,6 +166,10 @@ def grouped_allreduce_async(tensors: Iterable[torch.Tensor], average: bool | Non
     """Starts an allreduce of a list of tensors negotiated and fused as one
     unit; ``synchronize`` returns a list of new tensors. Defaults and errors
     as :func:`allreduce_async`; not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_grouped_allreduce(
+            [t.detach() for t in tensors], average, name, Compression.none, op, prescale_factor,
+            postscale_factor, process_set))
     ident = set_id(process_set, "grouped_allreduce_async")
     op = resolve_op(average, op, "grouped_allreduce_async")
     listed = check_tensors(tensors, "grouped_allreduce_async")
@@ -198,6 +210,9 @@ def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`grouped_allreduce_async`; ``synchronize`` returns the
     list of input tensors, now holding the results."""
+    if _compiling():
+        return DoneHandle(_library.traced_grouped_allreduce_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set))
     ident = set_id(process_set, "grouped_allreduce_async_")
     op = resolve_op(average, op, "grouped_allreduce_async_")
     listed = check_tensors(tensors, "grouped_allreduce_async_")
@@ -259,6 +274,8 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an allgather; ``synchronize`` returns the concatenation of every
     rank's ``tensor`` along the first dimension. Not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_allgather(tensor.detach(), name, process_set))
     ident = set_id(process_set, "allgather_async")
     check_tensor(tensor, "allgather_async")
     works, finish = start_allgather([tensor], [name_or_auto(name, "allgather", ident)],
@@ -313,6 +330,9 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     """Starts a broadcast of ``root_rank``'s ``tensor``; ``synchronize``
     returns a new tensor with the root's values. Raises ``ValueError`` for a
     root out of range; not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_broadcast(tensor.detach(), root_rank, name,
+                                                         process_set))
     ident = set_id(process_set, "broadcast_async")
     check_tensor(tensor, "broadcast_async")
     root_rank = check_root(root_rank, "broadcast_async")
@@ -340,6 +360,8 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
                      process_set: ProcessSet = global_process_set) -> Handle:
     """In-place :func:`broadcast_async`; ``synchronize`` returns ``tensor``,
     overwritten with the root's values."""
+    if _compiling():
+        return DoneHandle(_library.traced_broadcast_(tensor, root_rank, name, process_set))
     ident = set_id(process_set, "broadcast_async_")
     check_tensor(tensor, "broadcast_async_")
     root_rank = check_root(root_rank, "broadcast_async_")
@@ -362,6 +384,9 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | 
                    name: str | None = None, process_set: ProcessSet = global_process_set) -> Handle:
     """Starts an alltoall; ``synchronize`` returns ``(output,
     received_splits)`` (see :func:`alltoall`). Not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_alltoall(tensor.detach(), splits, name, process_set,
+                                                        always_received=True))
     ident = set_id(process_set, "alltoall_async")
     check_tensor(tensor, "alltoall_async")
     splits = splits_list(splits, "alltoall_async")
@@ -400,6 +425,10 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Starts a reducescatter; ``synchronize`` returns this rank's block of
     the reduction (see :func:`reducescatter`). Not differentiable."""
+    if _compiling():
+        return DoneHandle(_library.traced_reducescatter(
+            tensor.detach(), name, Compression.none, op, process_set, prescale_factor,
+            postscale_factor))
     ident = set_id(process_set, "reducescatter_async")
     check_tensor(tensor, "reducescatter_async")
     op = check_op(op)

@@ -106,6 +106,17 @@ class OneHandle(Handle):
         return self._done or work.poll()
 
 
+class DoneHandle(Handle):
+    """A collective whose result was there when it was started: what the
+    ``*_async`` calls return in code that ``torch.compile`` traces, where the
+    collective is an operator in the graph (which runs it in order)."""
+
+    def __init__(self, result: Any) -> None:  # noqa: D107 - no works to wait for
+        super().__init__((), lambda works: result)
+        self._result = result
+        self._done = True
+
+
 def poll(handle: Handle) -> bool:
     """True once the collective behind ``handle`` has finished (never blocks)."""
     return handle._poll()
