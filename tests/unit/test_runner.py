@@ -509,3 +509,15 @@ def test_horarun_launches_again_after_a_transient_start_failure(monkeypatch, cap
         213, "horarun: job failed with exit code 213", transient_start_failure=True))
     assert cli.main(["-np", "2", "true"]) == 213  # tried twice, then gives up
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("version, flavour, capable", [
+    ("mpirun (Open MPI) 5.0.11", mpi_command.OPEN_MPI, True),
+    ("mpirun (Open MPI) 4.1.4", mpi_command.OPEN_MPI, False),
+    ("HYDRA build details:\n    Version: 4.2.2", mpi_command.MPICH, False),
+])
+def test_recovery_in_place_needs_open_mpi_5(tmp_path, version, flavour, capable):
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{version}\nEOF\n")
+    fake.chmod(0o755)
+    assert mpi_command.ulfm_capable(str(fake), flavour) is capable

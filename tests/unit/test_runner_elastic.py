@@ -255,3 +255,19 @@ def test_a_failing_discovery_script_is_reported_at_once(tmp_path, monkeypatch):
     assert code == 1
     assert "exited with 2" in said[0] and "trying again until --elastic-timeout" in said[0], said
     assert sum("exited with 2" in line for line in said) == 2, said  # at once, and at the end
+
+
+def test_elastic_in_place_turns_on_elastic_mode_and_reaches_the_ranks():
+    args = cli.parse_args(["-np", "3", "--elastic-in-place", "python", "train.py"])
+    assert args.elastic.in_place and args.elastic.min_np == 1 and args.elastic.max_np == 3
+    seen = []
+    discovery = elastic.Discovery(None, None, [Host("localhost", 3)])
+    elastic.run(args.elastic, discovery,
+                lambda n, hosts, extra: seen.append(extra) or supervise.Outcome(0), {}, ["x"],
+                print)
+    assert seen[0]["HORA_ELASTIC_IN_PLACE"] == "1"
+    relaunching = cli.parse_args(["-np", "3", "--min-np", "1", "python", "train.py"]).elastic
+    elastic.run(relaunching, discovery,
+                lambda n, hosts, extra: seen.append(extra) or supervise.Outcome(0), {}, ["x"],
+                print)
+    assert not relaunching.in_place and "HORA_ELASTIC_IN_PLACE" not in seen[1]
