@@ -21,6 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError("hora's PyTorch operators need PyTorch 2.4 or later (torch.library."
+                      "custom_op); with this PyTorch, compiled code breaks the graph at each "
+                      "hora collective")
+
 from hora.common.basics import ReduceOp, rank
 from hora.common.process_sets import ProcessSet, from_id
 from hora.torch import _autograd

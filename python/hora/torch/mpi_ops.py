@@ -64,10 +64,14 @@ from hora.torch._collectives import (
     name_or_auto, resolve_op, set_id, set_object, set_size, splits_list, start_allgather,
     start_allreduce, start_alltoall, start_broadcast, start_inplace, start_inplace_one,
     start_reducescatter)
-from hora.torch import _library
 from hora.torch.compression import Compression
 
-_compiling = torch.compiler.is_compiling
+try:
+    from hora.torch import _library
+except ImportError:  # PyTorch before 2.4: no torch.library.custom_op
+    _library = None  # type: ignore[assignment]
+# While Dynamo traces, the collectives hand over to their operators.
+_compiling = torch.compiler.is_compiling if _library is not None else (lambda: False)
 
 
 # --- allreduce ---------------------------------------------------------------
