@@ -29,6 +29,7 @@ if not hasattr(torch.library, "custom_op"):
 from hora.common.basics import ReduceOp, rank
 from hora.common.process_sets import ProcessSet, from_id
 from hora.torch import _autograd
+from hora.torch.compression import Compression
 from hora.torch._collectives import (
     KIND_ALLREDUCE, KIND_BROADCAST, Average, Handle, Sum, check_op, check_root, check_tensor,
     check_tensors, grad_name, name_or_auto, resolve_op, set_rank, set_size, splits_list,
@@ -430,21 +431,11 @@ def traced_grouped_allreduce(tensors, average, name, compression, op, prescale, 
 
 def traced_grouped_allreduce_(tensors, average, name, op, prescale, postscale, process_set):
     tensors = list(tensors)
-    outputs = traced_grouped_allreduce(tensors, average, name, _NoCompression, op, prescale,
+    outputs = traced_grouped_allreduce(tensors, average, name, Compression.none, op, prescale,
                                        postscale, process_set)
     for tensor, output in zip(tensors, outputs):
         tensor.copy_(output)
     return tensors
-
-
-class _NoCompression:
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 def traced_allgather(tensor, name, process_set):
