@@ -234,15 +234,9 @@ void Engine::Shutdown() {
     // the abort, then leave it (the process is about to end, without
     // MPI_Finalize, see JobBroken).
     constexpr auto kAbortGrace = std::chrono::seconds(2);
-    std::chrono::steady_clock::time_point aborted_at{};
     std::unique_lock<std::mutex> lock(loop_mutex_);
-    while (!loop_done_) {
-      loop_cv_.wait_for(lock, std::chrono::milliseconds(100));
-      if (!aborted_.load()) continue;
-      const auto now = std::chrono::steady_clock::now();
-      if (aborted_at == std::chrono::steady_clock::time_point{}) aborted_at = now;
-      if (now - aborted_at >= kAbortGrace) break;
-    }
+    loop_cv_.wait(lock, [this] { return loop_done_ || aborted_.load(); });
+    if (!loop_done_) loop_cv_.wait_for(lock, kAbortGrace, [this] { return loop_done_; });
     const bool done = loop_done_;
     lock.unlock();
     if (done) {

@@ -136,12 +136,6 @@ class Blacklist:
                 log(f"horarun: host {host} failed {HOST_FAILURES_BEFORE_BLACKLIST} launches in "
                     f"a row; not used for the next {cooldown:.0f} s")
 
-    def record_start_failure(self, hosts: list[str], log: Callable[[str], None]) -> None:
-        """A launch whose ranks on ``hosts`` never started: counted against
-        each of them like a failed launch."""
-        for host in sorted(set(hosts)):
-            self.record(host, False, log)
-
     def usable(self, found: list[hostlib.Host]) -> list[hostlib.Host]:
         now = time.monotonic()
         return [h for h in found if self.until.get(h.name, 0) <= now]
@@ -329,7 +323,8 @@ def run(options: ElasticOptions, discovery: Discovery,
                 # fault (as discovery names them), retried with a pause.
                 hosts = sorted({_host_of(world, rank) for rank in not_started})
                 cause += f" before rank(s) on {', '.join(hosts)} started"
-                blacklist.record_start_failure(hosts, log)
+                for host in hosts:
+                    blacklist.record(host, False, log)
                 start_retry = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
             elif failure is not None:
                 blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
