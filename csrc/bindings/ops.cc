@@ -366,6 +366,132 @@ py::object SubmitHost(Engine& engine, int kind, py::handle described, py::handle
   return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 
+// A data pointer handed over as a Python int.
+void* PointerOf(PyObject* value, const std::string& name) {
+  const unsigned long long address = PyLong_AsUnsignedLongLong(value);
+  if (address == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    ThrowValueError("internal: a member of '" + name + "' has no valid data pointer");
+  }
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+}
+
+// One packed allreduce's members: their pieces (in, out, count) and the
+// request's layout (see Request::members). `outputs` None: in place.
+void ReadMembers(const std::string& name, py::handle inputs, py::handle outputs, py::handle shapes,
+                 std::vector<Piece>* pieces, std::vector<int64_t>* layout, int64_t* total) {
+  if (!PyList_Check(inputs.ptr()) || !PyList_Check(shapes.ptr()) ||
+      (!outputs.is_none() && !PyList_Check(outputs.ptr()))) {
+    ThrowValueError("internal: packed members are lists of data pointers and shapes");
+  }
+  const Py_ssize_t count = PyList_GET_SIZE(inputs.ptr());
+  if (PyList_GET_SIZE(shapes.ptr()) != count ||
+      (!outputs.is_none() && PyList_GET_SIZE(outputs.ptr()) != count)) {
+    ThrowValueError("internal: '" + name + "' has as many data pointers as shapes");
+  }
+  pieces->reserve(static_cast<size_t>(count));
+  layout->reserve(static_cast<size_t>(count) * 3);
+  *total = 0;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* shape = PyList_GET_ITEM(shapes.ptr(), i);
+    int64_t elements = 1;
+    if (PyTuple_Check(shape)) {  // torch.Size: read with the tuple macros
+      const Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
+      layout->push_back(ndim);
+      for (Py_ssize_t d = 0; d < ndim; ++d) {
+        const long long dim = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
+        if (dim < 0) {
+          PyErr_Clear();
+          ThrowValueError("internal: member " + std::to_string(i) + " of '" + name +
+                          "' has a bad shape");
+        }
+        layout->push_back(dim);
+        elements *= dim;
+      }
+    } else {
+      const std::vector<int64_t> dims = py::handle(shape).cast<std::vector<int64_t>>();
+      layout->push_back(static_cast<int64_t>(dims.size()));
+      for (int64_t dim : dims) {
+        if (dim < 0) {
+          ThrowValueError("internal: member " + std::to_string(i) + " of '" + name +
+                          "' has a bad shape");
+        }
+        layout->push_back(dim);
+        elements *= dim;
+      }
+    }
+    void* in = PointerOf(PyList_GET_ITEM(inputs.ptr(), i), name);
+    void* out = outputs.is_none() ? in : PointerOf(PyList_GET_ITEM(outputs.ptr(), i), name);
+    pieces->push_back(Piece{in, out, elements});
+    *total += elements;
+  }
+}
+
+// Host tensors reduced as packed allreduces, the per-tensor path of a
+// grouped allreduce: `chunks` lists (name, dtype code, input pointers,
+// output pointers or None for in place, shapes), one per dtype, released
+// together as one group; `owner` keeps the memory alive until every Work
+// is released. No DLPack export, no request and no Work per member.
+py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions& options) {
+  std::shared_ptr<Engine> job = CurrentEngine();
+  ReleaseFinishedOrphans();
+  const size_t count = static_cast<size_t>(py::len(chunks));
+  if (count == 0) return py::list();
+  std::vector<std::string> names;
+  for (size_t c = 0; c < count; ++c) {
+    py::tuple chunk = chunks[c].cast<py::tuple>();
+    if (chunk.size() != 5) {
+      ThrowValueError("internal: a packed chunk is (name, dtype, inputs, outputs, shapes)");
+    }
+    names.push_back(chunk[0].cast<std::string>());
+  }
+  ProcessSetRoute route;
+  Status routed = job->process_sets().Route(options.process_set, std::nullopt, &route);
+  if (!routed.ok()) ThrowStatus(routed.WithContext("allreduce '" + names[0] + "'"));
+  Engine& engine = route.engine ? *route.engine : *job;
+  if (options.op == static_cast<int>(ReduceOp::kAdasum) || options.stream >= 0) {
+    ThrowValueError("internal: packed allreduces take host memory and no op=Adasum");
+  }
+  const std::string group = "group:" + names[0];
+  const int32_t group_size = static_cast<int32_t>(count);
+  std::vector<std::unique_ptr<PyWork>> works;
+  std::vector<TensorEntry> entries;
+  Refusing(
+      engine, static_cast<int>(CollectiveKind::kAllreduce), [&] { return names; }, group,
+      group_size,
+      [&] {
+        for (size_t c = 0; c < count; ++c) {
+          py::tuple chunk = chunks[c].cast<py::tuple>();
+          const int dtype = chunk[1].cast<int>();
+          if (!IsValidDataType(dtype)) {
+            ThrowValueError("internal: packed chunk '" + names[c] + "' has dtype code " +
+                            std::to_string(dtype));
+          }
+          Request r = NewRequest(static_cast<int>(CollectiveKind::kAllreduce), names[c], options);
+          r.group = group;
+          r.group_size = group_size;
+          std::vector<Piece> pieces;
+          int64_t total = 0;
+          ReadMembers(names[c], chunk[2], chunk[3], chunk[4], &pieces, &r.members, &total);
+          auto w = std::make_unique<PyWork>();
+          w->input.emplace(owner, pieces.empty() ? 0 : reinterpret_cast<uintptr_t>(pieces[0].out),
+                           std::vector<int64_t>{total}, static_cast<DataType>(dtype));
+          r.dtype = w->dtype = w->input->view().dtype;
+          r.shape = w->input->view().shape;
+          entries.push_back(MakeEntry(w.get(), std::move(r), true, route.size, -1, std::nullopt));
+          entries.back().members = std::move(pieces);
+          works.push_back(std::move(w));
+        }
+      });
+  ThrowIfFailed(engine.Enqueue(std::move(entries)));
+  py::list result;
+  for (auto& w : works) {
+    w->enqueued = true;
+    result.append(py::cast(std::move(w)));
+  }
+  return result;
+}
+
 // The one way in: `tensors` is a list (one Work per tensor, `names` a
 // list), a (owner, data_ptr, shape, dtype) tuple describing host memory,
 // or one tensor (`names` a str); `outputs` matches `tensors` or is None
@@ -491,6 +617,7 @@ void RegisterOps(py::module_& m) {
       .def_readwrite("site", &CollectiveOptions::site)
       .def_readwrite("stream", &CollectiveOptions::stream)
       .def_readwrite("process_set", &CollectiveOptions::process_set);
+  m.def("submit_packed", &SubmitPacked, py::arg("owner"), py::arg("chunks"), py::arg("options"));
   m.def("submit", &Submit, py::arg("kind"), py::arg("tensors"), py::arg("names"),
         py::arg("options"), py::arg("outputs") = py::none());
   // Whether submissions should say where they come from (debug log level).

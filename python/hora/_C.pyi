@@ -204,6 +204,16 @@ def submit(
     outputs: _Tensor | None = None,
 ) -> Work: ...
 
+# (name, dtype code, input data pointers, output data pointers or None for
+# in place, shapes): host tensors of one dtype reduced as one packed
+# allreduce.
+_PackedChunk: TypeAlias = tuple[str, int, list[int], list[int] | None, list[Sequence[int]]]
+
+# Packed allreduces, one Work per chunk, released together as one group;
+# owner keeps the memory alive until the Works are released.
+def submit_packed(owner: object, chunks: list[_PackedChunk],
+                  options: CollectiveOptions) -> list[Work]: ...
+
 # Whether submissions should say where they come from (debug log level).
 def records_call_sites() -> bool: ...
 

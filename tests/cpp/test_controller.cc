@@ -313,6 +313,35 @@ TEST(Controller, OneRankChangingItsRequestGetsAMismatchNamingTensorAndRanks) {
   }
 }
 
+TEST(Controller, APackedRequestsMembersTravelAndAReshapedMemberIsCaught) {
+  // A packed allreduce of members [4] and [2, 3] (10 elements): 0
+  // negotiated, 1 cached; 2: rank 1 swaps the second member's dimensions
+  // (the total stays 10): its stale entry sends the members to the
+  // coordinator, which names the member; 3: as before, negotiated again.
+  const auto out = RunCycles(3, 4, [](int rank, int cycle) {
+    Input in;
+    Request g = Req("g.0", {10});
+    g.members = {1, 4, 2, 2, 3};
+    if (cycle == 2 && rank == 1) g.members = {1, 4, 2, 3, 2};
+    in.requests = {g};
+    return in;
+  });
+  ExpectSameOnEveryRank(out);
+  const CycleResult& reshaped = out[0][2].result;
+  ASSERT_EQ(reshaped.responses.size(), 1u);
+  EXPECT_EQ(reshaped.responses[0].error,
+            "Mismatched shape of member 1 (of 2 tensors packed together) for allreduce 'g.0': "
+            "ranks 0, 2 sent [2, 3]; rank 1 sent [3, 2]");
+  for (int c : {0, 1, 3}) {
+    ASSERT_EQ(out[0][c].result.responses.size(), 1u) << c;
+    EXPECT_FALSE(out[0][c].result.responses[0].is_error()) << c;
+  }
+  const std::vector<int> gathers = {1, 1, 2, 3};
+  for (int r = 0; r < 3; ++r) {
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(out[r][c].gathers, gathers[c]) << r << "/" << c;
+  }
+}
+
 TEST(Controller, JoinedRanksAreCountedAndTheLastToJoinIsNamed) {
   // 0: everyone submits g (cached). 1: rank 1 joins; 0 and 2 submit g (it
   // runs, through the coordinator) and the allgather h (refused while rank 1

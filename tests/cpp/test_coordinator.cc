@@ -55,6 +55,48 @@ TEST(Coordinator, ShapeMismatchNamesTensorRanksAndBothShapes) {
             "Mismatched shape for allreduce 'grad': ranks 0, 1 sent [2, 3]; rank 2 sent [4]");
 }
 
+// Member layouts (ndim, dims...) of a packed allreduce.
+Request Packed(int rank, std::vector<int64_t> members, int64_t total) {
+  Request r = From(rank, "g.0", {total});
+  r.members = std::move(members);
+  return r;
+}
+
+TEST(Coordinator, PackedMismatchNamesTheMemberAndEveryShape) {
+  Coordinator coordinator(3);
+  // members [4], [2, 3], [] (a scalar) on ranks 0 and 2; rank 1 swaps the
+  // second's dimensions, which leaves the total the same
+  coordinator.Add(Packed(0, {1, 4, 2, 2, 3, 0}, 11));
+  coordinator.Add(Packed(1, {1, 4, 2, 3, 2, 0}, 11));
+  coordinator.Add(Packed(2, {1, 4, 2, 2, 3, 0}, 11));
+  const std::vector<Response> ready = coordinator.TakeReady(std::vector<bool>(3, false));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].error_code, StatusCode::kMismatch);
+  EXPECT_EQ(ready[0].error,
+            "Mismatched shape of member 1 (of 3 tensors packed together) for allreduce 'g.0': "
+            "ranks 0, 2 sent [2, 3]; rank 1 sent [3, 2]");
+}
+
+TEST(Coordinator, PackedMemberCountsMustAgree) {
+  Coordinator coordinator(2);
+  coordinator.Add(Packed(0, {1, 4}, 4));
+  coordinator.Add(Packed(1, {1, 2, 1, 2}, 4));
+  const std::vector<Response> ready = coordinator.TakeReady(std::vector<bool>(2, false));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].error,
+            "Mismatched number of tensors packed in allreduce 'g.0': rank 0 sent 1; rank 1 sent 2");
+}
+
+TEST(Coordinator, AgreeingPackedMembersRunAsOneAllreduce) {
+  Coordinator coordinator(2);
+  coordinator.Add(Packed(0, {1, 4, 0}, 5));
+  coordinator.Add(Packed(1, {1, 4, 0}, 5));
+  const std::vector<Response> ready = coordinator.TakeReady(std::vector<bool>(2, false));
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_FALSE(ready[0].is_error());
+  EXPECT_EQ(ready[0].shape, std::vector<int64_t>({5}));
+}
+
 TEST(Coordinator, TheFirstDisagreementIsReported) {
   Coordinator coordinator(2);
   Request a = From(0, "x", {3});

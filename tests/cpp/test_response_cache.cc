@@ -65,6 +65,14 @@ TEST(ResponseCache, ARequestMatchesOnlyWhatItAskedForBefore) {
   changed = mine;
   changed.prescale = 0.5;
   EXPECT_FALSE(cache.Matches(slot, changed));
+  // a packed request's members reshaped, the total count unchanged
+  Request packed = mine;
+  packed.members = {1, 2, 1, 2};
+  cache.Put(Named("p"), &packed);
+  EXPECT_TRUE(cache.Matches(cache.Find("p"), packed));
+  changed = packed;
+  changed.members = {2, 1, 2, 0};
+  EXPECT_FALSE(cache.Matches(cache.Find("p"), changed));
   // An entry made for a rank that had joined (no request of its own)
   // never matches: that rank's first real request goes to the coordinator.
   cache.Put(Named("x"), nullptr);

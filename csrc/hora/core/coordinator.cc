@@ -210,6 +210,41 @@ std::vector<Response> Coordinator::TakeReady(const std::vector<bool>& joined) {
   return ready;
 }
 
+void Coordinator::CheckMembers(const std::string& name, const Request& first, const Pending& p,
+                               const std::vector<int>& ranks, Response* response) const {
+  if (response->is_error()) return;
+  bool differ = false;
+  for (int r : ranks) differ = differ || p.by_rank[r].members != first.members;
+  if (!differ) return;
+  std::vector<std::vector<std::vector<int64_t>>> shapes;
+  for (int r : ranks) shapes.push_back(MemberShapes(p.by_rank[r].members));
+  std::vector<std::pair<int, std::string>> values;
+  response->error_code = StatusCode::kMismatch;
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    if (shapes[k].size() != shapes[0].size()) {
+      for (size_t j = 0; j < ranks.size(); ++j) {
+        values.push_back({ranks[j], std::to_string(shapes[j].size())});
+      }
+      response->error = "Mismatched number of tensors packed in allreduce '" + name + "'" + where_ +
+                        ": " + DescribeValues(values, names_);
+      return;
+    }
+  }
+  size_t member = 0;
+  while (member < shapes[0].size()) {
+    bool same = true;
+    for (const auto& rank_shapes : shapes) same = same && rank_shapes[member] == shapes[0][member];
+    if (!same) break;
+    ++member;
+  }
+  for (size_t j = 0; j < ranks.size(); ++j) {
+    values.push_back({ranks[j], member < shapes[j].size() ? ShapeString(shapes[j][member]) : "?"});
+  }
+  response->error = "Mismatched shape of member " + std::to_string(member) + " (of " +
+                    std::to_string(shapes[0].size()) + " tensors packed together) for allreduce '" +
+                    name + "'" + where_ + ": " + DescribeValues(values, names_);
+}
+
 const Request& Coordinator::FirstRequest(const Pending& p) const {
   for (int r = 0; r < size_; ++r) {
     if (p.have[r]) return p.by_rank[r];
@@ -285,6 +320,7 @@ Response Coordinator::Decide(const std::string& name, const Pending& p,
   } else if (kind == CollectiveKind::kRemoveProcessSet) {
     check("process set id", [](const Request& r) { return ShapeString(r.shape); });
   } else if (kind != CollectiveKind::kBarrier) {
+    if (kind == CollectiveKind::kAllreduce) CheckMembers(name, first, p, ranks, &response);
     check("shape", [](const Request& r) { return ShapeString(r.shape); });
   }
   check("group",

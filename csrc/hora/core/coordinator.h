@@ -65,6 +65,10 @@ class Coordinator {
   };
   bool IsComplete(const Pending& p, const std::vector<bool>& joined) const;
   const Request& FirstRequest(const Pending& p) const;
+  // Turns `response` into an error naming the first member whose shape the
+  // ranks of a packed allreduce disagree on (or their member counts).
+  void CheckMembers(const std::string& name, const Request& first, const Pending& p,
+                    const std::vector<int>& ranks, Response* response) const;
   Response Decide(const std::string& name, const Pending& p, const std::vector<bool>& joined) const;
 
   int size_;

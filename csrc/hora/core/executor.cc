@@ -190,14 +190,33 @@ Status Executor::Allreduce(const Response* batch, size_t batch_size, TensorEntry
   for (size_t k = 0; k < batch_size; ++k) absent += present[k] ? 0 : batch[k].NumElements();
   char* scratch = absent > 0 ? fusion_buffer_.Get(absent * DataTypeSize(head.dtype)) : nullptr;
   pieces_.clear();
+  const int64_t element = DataTypeSize(head.dtype);
+  // Memory that continues the previous piece on both sides (members of a
+  // flat bucket, views of one buffer) joins it: one piece is reduced in
+  // place, where several are staged through a fusion buffer. Not for
+  // Adasum, which combines each tensor on its own.
+  const bool merge = head.op != ReduceOp::kAdasum;
+  auto add = [&](const Piece& piece) {
+    if (merge && !pieces_.empty()) {
+      Piece& last = pieces_.back();
+      if (static_cast<const char*>(last.in) + last.count * element == piece.in &&
+          static_cast<char*>(last.out) + last.count * element == piece.out) {
+        last.count += piece.count;
+        return;
+      }
+    }
+    pieces_.push_back(piece);
+  };
   for (size_t k = 0; k < batch_size; ++k) {
     const int64_t count = batch[k].NumElements();
-    if (present[k]) {
-      pieces_.push_back(Piece{entries[k].input.data, entries[k].output, count});
+    if (present[k] && !entries[k].members.empty()) {
+      for (const Piece& member : entries[k].members) add(member);
+    } else if (present[k]) {
+      add(Piece{entries[k].input.data, entries[k].output, count});
     } else {
       FillNeutral(scratch, count, head.dtype, head.op);
-      pieces_.push_back(Piece{scratch, scratch, count});
-      scratch += count * DataTypeSize(head.dtype);
+      add(Piece{scratch, scratch, count});
+      scratch += count * element;
     }
   }
   Status status;
@@ -209,8 +228,9 @@ Status Executor::Allreduce(const Response* batch, size_t batch_size, TensorEntry
                           plan.post_factor);
   }
   if (status.ok() && plan.divisor != 1) {
-    for (size_t k = 0; k < batch_size; ++k) {
-      if (present[k]) DivideInPlace(pieces_[k].out, pieces_[k].count, head.dtype, plan.divisor);
+    // (the neutral scratch of absent entries is divided too: nobody reads it)
+    for (const Piece& piece : pieces_) {
+      DivideInPlace(piece.out, piece.count, head.dtype, plan.divisor);
     }
   }
   return status;

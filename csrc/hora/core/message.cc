@@ -1,5 +1,6 @@
 #include "hora/core/message.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -79,6 +80,19 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s.str();
 }
 
+std::vector<std::vector<int64_t>> MemberShapes(const std::vector<int64_t>& members) {
+  std::vector<std::vector<int64_t>> shapes;
+  size_t at = 0;
+  while (at < members.size()) {
+    const size_t ndim = static_cast<size_t>(std::max<int64_t>(members[at], 0));
+    const size_t end = std::min(members.size(), at + 1 + ndim);
+    shapes.emplace_back(members.begin() + static_cast<std::ptrdiff_t>(at + 1),
+                        members.begin() + static_cast<std::ptrdiff_t>(end));
+    at = end;
+  }
+  return shapes;
+}
+
 void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
   Writer w(out);
   w.Put<uint32_t>(static_cast<uint32_t>(requests.size()));
@@ -98,6 +112,7 @@ void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
     w.Put<int32_t>(r.group_size);
     w.PutString(r.site);
     w.PutString(r.refused);
+    w.PutInts(r.members);
   }
 }
 
@@ -112,7 +127,7 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
         !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) ||
         !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) ||
         !rd.GetString(&r.group) || !rd.Get(&r.group_size) || !rd.GetString(&r.site) ||
-        !rd.GetString(&r.refused)) {
+        !rd.GetString(&r.refused) || !rd.GetInts(&r.members)) {
       return Status::Internal("truncated request");
     }
     r.kind = static_cast<CollectiveKind>(kind);

@@ -38,9 +38,17 @@ struct Request {
   // that the ranks that submitted the name fail with this reason instead
   // of waiting for this rank.
   std::string refused;
+  // A packed allreduce: several tensors of one dtype reduced as one request
+  // (`shape` is their total element count). Each member's shape, as its
+  // number of dimensions followed by the dimensions; the ranks must agree
+  // on every member, so that a mismatch names the member. Empty otherwise.
+  std::vector<int64_t> members;
 
   int64_t NumElements() const;
 };
+
+// The shapes packed in `members` (see Request::members).
+std::vector<std::vector<int64_t>> MemberShapes(const std::vector<int64_t>& members);
 
 struct Response {
   CollectiveKind kind = CollectiveKind::kAllreduce;

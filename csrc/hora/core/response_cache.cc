@@ -34,7 +34,8 @@ bool ResponseCache::Matches(int64_t slot, const Request& r) const {
   const Request& m = s.mine;
   return m.kind == r.kind && m.op == r.op && m.dtype == r.dtype && m.root == r.root &&
          m.prescale == r.prescale && m.postscale == r.postscale && m.shape == r.shape &&
-         m.group == r.group && m.group_size == r.group_size && m.on_gpu == r.on_gpu;
+         m.group == r.group && m.group_size == r.group_size && m.on_gpu == r.on_gpu &&
+         m.members == r.members;
 }
 
 int64_t ResponseCache::Put(const Response& response, const Request* mine) {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hora/algo/pieces.h"
 #include "hora/common/status.h"
 #include "hora/core/message.h"
 #include "hora/core/tensor.h"
@@ -26,6 +27,10 @@ struct TensorEntry {
   // allgather's caller-given destination of `output_bytes`
   void* output = nullptr;
   int64_t output_bytes = 0;
+  // A packed allreduce on the host (request.members set): each member's
+  // input and output memory, in the members' order; `input` then only
+  // gives the dtype and the total count, and `output` is unused.
+  std::vector<Piece> members;
   std::shared_ptr<Work> work;
   // GPU tensors: the caller's CUDA stream, and an event recorded on it at
   // submission (the engine's kernels start after it; its owner returns it to

@@ -2,7 +2,7 @@
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
 latency, fusion, autotune, idle, torch-synthetic, sharding, tf-synthetic,
-gpu-kernels, gpu-allreduce, elastic, negotiation and multihost.
+host-cost, gpu-kernels, gpu-allreduce, elastic, negotiation and multihost.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -21,6 +21,10 @@ tf-synthetic (Keras training samples/sec with hora against TensorFlow's
 MultiWorkerMirroredStrategy, in the manner of Horovod's
 tensorflow2_keras_synthetic_benchmark.py) too:
     python -m hora.bench tf-synthetic --help
+
+host-cost (the host's cost per tensor of grouped and per-tensor allreduces of
+torch tensors above one flat allreduce, against torch.distributed) too:
+    python -m hora.bench host-cost --help
 
 gpu-kernels (the CUDA kernels' throughput against a device-to-device copy, on
 one GPU, no launcher needed) too:
@@ -265,7 +269,8 @@ def build_parser():
     parser.add_argument("benchmark", choices=sorted(BUS_FACTORS) + ["latency", "fusion", "autotune",
                                                                     "idle", "torch-synthetic",
                                                                     "sharding", "tf-synthetic",
-                                                                    "gpu-kernels", "elastic",
+                                                                    "host-cost", "gpu-kernels",
+                                                                    "elastic",
                                                                     "negotiation", "multihost"],
                         help="torch-synthetic, sharding, tf-synthetic, gpu-kernels, elastic, "
                              "negotiation and multihost have options of their own: "
@@ -313,6 +318,9 @@ def main(argv=None):
     if argv and argv[0] == "torch-synthetic":
         from hora.bench import torch_synthetic  # needs torch, which the others do not
         return torch_synthetic.main(argv[1:])
+    if argv and argv[0] == "host-cost":
+        from hora.bench import host_cost  # needs torch
+        return host_cost.main(argv[1:])
     if argv and argv[0] == "sharding":
         from hora.bench import sharding  # needs torch
         return sharding.main(argv[1:])

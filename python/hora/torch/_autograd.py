@@ -24,6 +24,7 @@ slice its place in the set (Horovod's). Each Function takes the
 
 import torch
 
+from hora.common._adapter.naming import MemberNames
 from hora.common.basics import ReduceOp, rank
 from hora.torch._collectives import (
     Average, Handle, Max, Min, Sum, allgather_now, allreduce_now, grad_name, name_or_auto,
@@ -83,6 +84,14 @@ class AllreduceFunction(torch.autograd.Function):
         return result, None, None, None, None, None, None
 
 
+def grouped_allreduce_now(tensors, name, op, prescale, postscale, ident):
+    """The grouped allreduce of checked ``tensors`` under the base ``name``,
+    waited for: a list of new tensors."""
+    works, outputs = start_allreduce(tensors, MemberNames(name, len(tensors)), op, prescale,
+                                     postscale, True, ident)
+    return synchronize(Handle(works, lambda ws: outputs))
+
+
 class GroupedAllreduceFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, named, op, prescale, postscale, ps, *tensors):
@@ -90,18 +99,14 @@ class GroupedAllreduceFunction(torch.autograd.Function):
         ctx.args = (name, named, op, prescale, postscale, ps, ident)
         if op not in (Sum, Average):
             ctx.save_for_backward(*tensors)
-        names = [f"{name}.{i}" for i in range(len(tensors))]
-        works, outputs = start_allreduce(tensors, names, op, prescale, postscale, True, ident)
-        return tuple(synchronize(Handle(works, lambda ws: outputs)))
+        return tuple(grouped_allreduce_now(tensors, name, op, prescale, postscale, ident))
 
     @staticmethod
     def backward(ctx, *grads):
         name, named, op, prescale, postscale, ps, ident = ctx.args
         base = name_or_auto(grad_name(name, named, "grad"), "grouped_allreduce", ident)
         if op in (Sum, Average):
-            names = [f"{base}.{i}" for i in range(len(grads))]
-            works, outputs = start_allreduce(grads, names, op, prescale, postscale, True, ident)
-            result = synchronize(Handle(works, lambda ws: outputs))
+            result = grouped_allreduce_now(list(grads), base, op, prescale, postscale, ident)
         else:
             result = [allreduce_grad(g, x, op, prescale, postscale, f"{base}.{i}", ps, ident)
                       for i, (g, x) in enumerate(zip(grads, ctx.saved_tensors))]

@@ -36,6 +36,7 @@ SUPPORTED_DTYPES = (torch.uint8, torch.int8, torch.uint16, torch.int16, torch.in
 # The core's code for each, for tensors handed over by pointer.
 _CORE_DTYPES = {d: submission.DTYPE_CODES[str(d).replace("torch.", "")]
                 for d in SUPPORTED_DTYPES}
+_STRIDED = torch.strided
 
 
 # --- argument checks ---------------------------------------------------------
@@ -69,8 +70,12 @@ def check_tensors(tensors, what):
     if isinstance(tensors, torch.Tensor):
         raise TypeError(f"{what}: expected a list of tensors, got a single tensor")
     tensors = list(tensors)
+    # The common case in one cheap pass (a grouped call may hold hundreds
+    # of tensors); the messages are built only for a tensor that fails.
     for i, tensor in enumerate(tensors):
-        check_tensor(tensor, f"{what} (tensor {i})")
+        if not (isinstance(tensor, torch.Tensor) and (tensor.is_cpu or tensor.is_cuda)
+                and tensor.layout is _STRIDED and tensor.dtype in _CORE_DTYPES):
+            check_tensor(tensor, f"{what} (tensor {i})")
     return tensors
 
 
@@ -203,7 +208,58 @@ def owned_result(work, dtype):
     return result if device is None else result.to(device)
 
 
+def _packable(tensors, op):
+    """Whether a grouped allreduce of ``tensors`` (checked, not empty)
+    travels packed: host tensors of one dtype, reduced elementwise (Adasum
+    combines each tensor on its own). Every rank of a correct program
+    decides the same."""
+    if int(op) == int(Adasum):
+        return False
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype is not dtype or not t.is_cpu:
+            return False
+    return True
+
+
+def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set):
+    """A grouped allreduce of host tensors of one dtype as one packed
+    request: the core reads and writes the tensors where they are, by data
+    pointer, and the call costs one request and one Work, not one per
+    tensor. Returns (works, outputs, finish); in place, the outputs are the
+    tensors and ``finish`` copies results into those that were not
+    contiguous."""
+    inputs, copy_back = [], []
+    for t in tensors:
+        if t.is_contiguous():
+            inputs.append(t)
+        else:
+            dense = t.detach().contiguous()
+            inputs.append(dense)
+            if in_place:
+                copy_back.append((t, dense))
+    if in_place:
+        outputs, out_ptrs = tensors, None
+    else:
+        outputs = [torch.empty_like(x) for x in inputs]
+        out_ptrs = [x.data_ptr() for x in outputs]
+    chunk = (names[0], _CORE_DTYPES[inputs[0].dtype], [x.data_ptr() for x in inputs], out_ptrs,
+             [x.shape for x in inputs])
+    works = submission.submit_packed((inputs, outputs), [chunk], op, prescale, postscale,
+                                     process_set)
+
+    def finish():
+        with torch.no_grad():
+            for target, dense in copy_back:
+                target.copy_(dense)
+    return works, outputs, finish
+
+
 def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_set=0):
+    if grouped and tensors and _packable(tensors, op):
+        works, outputs, _ = _start_packed(tensors, names, op, prescale, postscale, False,
+                                          process_set)
+        return works, outputs
     inputs = [as_input(t) for t in tensors]
     outputs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs]
     works = submit(KIND_ALLREDUCE, names, inputs, outputs, op, 0, prescale, postscale,
@@ -215,6 +271,10 @@ def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=
                   grouped=False, process_set=0):
     """Submits an in-place collective; returns (works, finish) where finish
     copies results back into tensors that had to be made contiguous."""
+    if grouped and kind == KIND_ALLREDUCE and tensors and _packable(tensors, op):
+        works, _, finish = _start_packed(tensors, names, op, prescale, postscale, True,
+                                         process_set)
+        return works, finish
     buffers, copy_back = [], []
     for tensor in tensors:
         t = tensor.detach()

@@ -49,7 +49,7 @@ import torch
 from hora.common import ops as _numpy_ops
 from hora.common._adapter.handles import (  # noqa: F401 (re-exported)
     CallableHandle, DoneHandle, Handle, poll, synchronize)
-from hora.common._adapter.naming import group_names
+from hora.common._adapter.naming import group_names, member_names
 # Horovod's torch.mpi_ops has the reduce ops too
 from hora.common.basics import (  # noqa: F401
     Adasum, Average, Max, Min, Product, ReduceOp, Sum, size)
@@ -58,7 +58,7 @@ from hora.common.process_sets import (  # noqa: F401 (Horovod's torch.mpi_ops ha
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
-    GroupedAllreduceFunction, ReducescatterFunction)
+    GroupedAllreduceFunction, ReducescatterFunction, grouped_allreduce_now)
 from hora.torch._collectives import (
     KIND_ALLREDUCE, KIND_BROADCAST, check_op, check_root, check_tensor, check_tensors,
     name_or_auto, resolve_op, set_id, set_object, set_size, splits_list, start_allgather,
@@ -177,7 +177,7 @@ def grouped_allreduce_async(tensors: Iterable[torch.Tensor], average: bool | Non
     ident = set_id(process_set, "grouped_allreduce_async")
     op = resolve_op(average, op, "grouped_allreduce_async")
     listed = check_tensors(tensors, "grouped_allreduce_async")
-    names = group_names(name, len(listed), "grouped_allreduce", ident)
+    names = member_names(name, len(listed), "grouped_allreduce", ident)
     works, outputs = start_allreduce(listed, names, op, prescale_factor, postscale_factor, True,
                                      ident)
     return Handle(works, lambda ws: outputs)
@@ -199,9 +199,15 @@ def grouped_allreduce(tensors: Iterable[torch.Tensor], average: bool | None = No
     tensors = check_tensors(tensors, "grouped_allreduce")
     if not tensors:
         return []
-    compressed = [compression.compress(t) for t in tensors]
     named = name is not None
     name = name_or_auto(name, "grouped_allreduce", ident)
+    if compression is Compression.none and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        # nothing to differentiate: the same collective without autograd's
+        # bookkeeping on every tensor
+        return grouped_allreduce_now(tensors, name, op, float(prescale_factor),
+                                     float(postscale_factor), ident)
+    compressed = [compression.compress(t) for t in tensors]
     outputs = GroupedAllreduceFunction.apply(name, named, op, float(prescale_factor),
                                              float(postscale_factor), set_object(process_set),
                                              *[c for c, _ in compressed])
@@ -220,7 +226,7 @@ def grouped_allreduce_async_(tensors: Iterable[torch.Tensor], average: bool | No
     ident = set_id(process_set, "grouped_allreduce_async_")
     op = resolve_op(average, op, "grouped_allreduce_async_")
     listed = check_tensors(tensors, "grouped_allreduce_async_")
-    names = group_names(name, len(listed), "grouped_allreduce", ident)
+    names = member_names(name, len(listed), "grouped_allreduce", ident)
     works, finish = start_inplace(KIND_ALLREDUCE, listed, names, op, 0, prescale_factor,
                                   postscale_factor, grouped=True, process_set=ident)
     return Handle(works, lambda ws: (finish(), listed)[1])

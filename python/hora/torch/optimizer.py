@@ -176,6 +176,10 @@ class _DistributedOptimizer(SynchronizeSwitch):
             if group is None or f"'{group}." not in message:
                 continue
             position = message.split(f"'{group}.", 1)[1].split("'", 1)[0]
+            if message.startswith("Mismatched shape of member "):
+                # a packed submission (one dtype on the host) names the
+                # member by its place in the group
+                position = message[len("Mismatched shape of member "):].split(" ", 1)[0]
             if position.isdigit() and int(position) < len(members):
                 parameter = self._parameter_names.get(members[int(position)][0], "?")
                 hint = ("; bucket_bytes=0 reduces each on its own"

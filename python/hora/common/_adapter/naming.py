@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 _counter_lock = threading.Lock()
 _counters: dict[str, Iterator[int]] = {}
@@ -37,3 +38,35 @@ def group_names(name: str | None, count: int, kind: str, process_set: int = 0) -
     name (``name`` or an automatic one) with the member's index appended."""
     base = check_name(name, kind, process_set)
     return [f"{base}.{i}" for i in range(count)]
+
+
+class MemberNames(Sequence[str]):
+    """The names of a grouped collective's members (``base.0``,
+    ``base.1``, ...), made only when asked for: a packed submission names
+    its chunk after the first member alone."""
+
+    __slots__ = ("base", "size")
+
+    def __init__(self, base: str, size: int):
+        self.base = base
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [f"{self.base}.{i}" for i in range(self.size)[index]]
+        if not -self.size <= index < self.size:
+            raise IndexError(index)
+        return f"{self.base}.{index % self.size}"
+
+
+def member_names(name: str | None, count: int, kind: str, process_set: int = 0) -> MemberNames:
+    """:func:`group_names` as a :class:`MemberNames`."""
+    return MemberNames(check_name(name, kind, process_set), count)

@@ -155,6 +155,22 @@ def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequ
                                      process_set))
 
 
+def submit_packed(owner: Any, chunks: Sequence[tuple[str, int, list[int], list[int] | None,
+                                                    list[Sequence[int]]]],
+                  op: int, prescale: float, postscale: float, process_set: int = 0) -> list[Any]:
+    """Submits host tensors as packed allreduces, released together as one
+    group: each chunk is ``(name, dtype code, input data pointers, output
+    data pointers or None for in place, shapes)``, one request and one Work
+    per chunk however many tensors it holds. ``owner`` keeps the memory
+    alive until the Works are released. Returns the Works."""
+    if call_site.recording:
+        made = options(op, 0, prescale, postscale, in_place=True, grouped=True,
+                       process_set=process_set)
+    else:
+        made = _shared_options(op, 0, prescale, postscale, True, True, -1, -1, process_set)
+    return _C.submit_packed(owner, list(chunks), made)
+
+
 def join() -> int:
     """Marks this rank as joined (see :func:`hora.join`); returns the rank
     that joined last."""
