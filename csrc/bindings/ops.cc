@@ -376,25 +376,20 @@ void* PointerOf(PyObject* value, const std::string& name) {
   return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
 }
 
-// One packed allreduce's members: their pieces (in, out, count) and the
-// request's layout (see Request::members). `outputs` None: in place.
-void ReadMembers(const std::string& name, py::handle inputs, py::handle outputs, py::handle shapes,
-                 std::vector<Piece>* pieces, std::vector<int64_t>* layout, int64_t* total) {
-  if (!PyList_Check(inputs.ptr()) || !PyList_Check(shapes.ptr()) ||
-      (!outputs.is_none() && !PyList_Check(outputs.ptr()))) {
-    ThrowValueError("internal: packed members are lists of data pointers and shapes");
-  }
-  const Py_ssize_t count = PyList_GET_SIZE(inputs.ptr());
-  if (PyList_GET_SIZE(shapes.ptr()) != count ||
-      (!outputs.is_none() && PyList_GET_SIZE(outputs.ptr()) != count)) {
-    ThrowValueError("internal: '" + name + "' has as many data pointers as shapes");
-  }
-  pieces->reserve(static_cast<size_t>(count));
+// A packed allreduce's member shapes (a list of tuples, such as torch.Size)
+// as the request's layout (see Request::members); returns each member's
+// element count.
+std::vector<int64_t> MemberLayout(const std::string& name, py::handle shapes,
+                                  std::vector<int64_t>* layout) {
+  if (!PyList_Check(shapes.ptr())) ThrowValueError("internal: packed shapes are a list");
+  const Py_ssize_t count = PyList_GET_SIZE(shapes.ptr());
+  std::vector<int64_t> elements(static_cast<size_t>(count), 1);
   layout->reserve(static_cast<size_t>(count) * 3);
-  *total = 0;
+  auto bad = [&](Py_ssize_t i) {
+    ThrowValueError("internal: member " + std::to_string(i) + " of '" + name + "' has a bad shape");
+  };
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* shape = PyList_GET_ITEM(shapes.ptr(), i);
-    int64_t elements = 1;
     if (PyTuple_Check(shape)) {  // torch.Size: read with the tuple macros
       const Py_ssize_t ndim = PyTuple_GET_SIZE(shape);
       layout->push_back(ndim);
@@ -402,36 +397,55 @@ void ReadMembers(const std::string& name, py::handle inputs, py::handle outputs,
         const long long dim = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
         if (dim < 0) {
           PyErr_Clear();
-          ThrowValueError("internal: member " + std::to_string(i) + " of '" + name +
-                          "' has a bad shape");
+          bad(i);
         }
         layout->push_back(dim);
-        elements *= dim;
+        elements[i] *= dim;
       }
     } else {
       const std::vector<int64_t> dims = py::handle(shape).cast<std::vector<int64_t>>();
       layout->push_back(static_cast<int64_t>(dims.size()));
       for (int64_t dim : dims) {
-        if (dim < 0) {
-          ThrowValueError("internal: member " + std::to_string(i) + " of '" + name +
-                          "' has a bad shape");
-        }
+        if (dim < 0) bad(i);
         layout->push_back(dim);
-        elements *= dim;
+        elements[i] *= dim;
       }
     }
-    void* in = PointerOf(PyList_GET_ITEM(inputs.ptr(), i), name);
-    void* out = outputs.is_none() ? in : PointerOf(PyList_GET_ITEM(outputs.ptr(), i), name);
-    pieces->push_back(Piece{in, out, elements});
-    *total += elements;
   }
+  return elements;
 }
 
-// Host tensors reduced as packed allreduces, the per-tensor path of a
-// grouped allreduce: `chunks` lists (name, dtype code, input pointers,
-// output pointers or None for in place, shapes), one per dtype, released
-// together as one group; `owner` keeps the memory alive until every Work
-// is released. No DLPack export, no request and no Work per member.
+// The members' memory as pieces: `inputs` and `outputs` (None: in place)
+// are lists of data pointers, one per member of `elements` elements.
+std::vector<Piece> MemberPieces(const std::string& name, py::handle inputs, py::handle outputs,
+                                const std::vector<int64_t>& elements) {
+  const size_t count = elements.size();
+  if (!PyList_Check(inputs.ptr()) || static_cast<size_t>(PyList_GET_SIZE(inputs.ptr())) != count ||
+      (!outputs.is_none() && (!PyList_Check(outputs.ptr()) ||
+                              static_cast<size_t>(PyList_GET_SIZE(outputs.ptr())) != count))) {
+    ThrowValueError("internal: '" + name + "' needs a data pointer per member shape");
+  }
+  std::vector<Piece> pieces;
+  pieces.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const Py_ssize_t at = static_cast<Py_ssize_t>(i);
+    void* in = PointerOf(PyList_GET_ITEM(inputs.ptr(), at), name);
+    void* out = outputs.is_none() ? in : PointerOf(PyList_GET_ITEM(outputs.ptr(), at), name);
+    pieces.push_back(Piece{in, out, elements[i]});
+  }
+  return pieces;
+}
+
+// Packed allreduces, the per-tensor path of a grouped allreduce: tensors
+// of one dtype reduced as one request that carries every member's shape, so
+// the ranks still agree on each member, with no request, Work or DLPack
+// export per member. `chunks` lists (name, dtype code, inputs, outputs,
+// shapes), released together as one group, where either
+//   inputs is a list of host data pointers and outputs one too, or None for
+//   in place: the core reads and writes the members where they are; or
+//   inputs is one tensor holding the members end to end (a flattened copy,
+//   host or GPU memory) and outputs None: reduced in place as one tensor.
+// `owner` keeps the memory alive until every Work is released.
 py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions& options) {
   std::shared_ptr<Engine> job = CurrentEngine();
   ReleaseFinishedOrphans();
@@ -449,16 +463,16 @@ py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions
   Status routed = job->process_sets().Route(options.process_set, std::nullopt, &route);
   if (!routed.ok()) ThrowStatus(routed.WithContext("allreduce '" + names[0] + "'"));
   Engine& engine = route.engine ? *route.engine : *job;
-  if (options.op == static_cast<int>(ReduceOp::kAdasum) || options.stream >= 0) {
-    ThrowValueError("internal: packed allreduces take host memory and no op=Adasum");
+  if (options.op == static_cast<int>(ReduceOp::kAdasum)) {
+    ThrowValueError("internal: op=Adasum combines each tensor on its own; it is never packed");
   }
   const std::string group = "group:" + names[0];
   const int32_t group_size = static_cast<int32_t>(count);
   std::vector<std::unique_ptr<PyWork>> works;
   std::vector<TensorEntry> entries;
+  const int kind = static_cast<int>(CollectiveKind::kAllreduce);
   Refusing(
-      engine, static_cast<int>(CollectiveKind::kAllreduce), [&] { return names; }, group,
-      group_size,
+      engine, kind, [&] { return names; }, group, group_size,
       [&] {
         for (size_t c = 0; c < count; ++c) {
           py::tuple chunk = chunks[c].cast<py::tuple>();
@@ -467,18 +481,38 @@ py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions
             ThrowValueError("internal: packed chunk '" + names[c] + "' has dtype code " +
                             std::to_string(dtype));
           }
-          Request r = NewRequest(static_cast<int>(CollectiveKind::kAllreduce), names[c], options);
+          Request r = NewRequest(kind, names[c], options);
           r.group = group;
           r.group_size = group_size;
+          const std::vector<int64_t> elements = MemberLayout(names[c], chunk[4], &r.members);
+          const int64_t total = std::accumulate(elements.begin(), elements.end(), int64_t{0});
           std::vector<Piece> pieces;
-          int64_t total = 0;
-          ReadMembers(names[c], chunk[2], chunk[3], chunk[4], &pieces, &r.members, &total);
           auto w = std::make_unique<PyWork>();
-          w->input.emplace(owner, pieces.empty() ? 0 : reinterpret_cast<uintptr_t>(pieces[0].out),
-                           std::vector<int64_t>{total}, static_cast<DataType>(dtype));
+          const TensorEntry* previous = entries.empty() ? nullptr : &entries.back();
+          if (PyList_Check(chunk[2].ptr())) {
+            if (options.stream >= 0) {
+              ThrowValueError("internal: packed data pointers are host memory");
+            }
+            pieces = MemberPieces(names[c], chunk[2], chunk[3], elements);
+            w->input.emplace(owner, pieces.empty() ? 0 : reinterpret_cast<uintptr_t>(pieces[0].out),
+                             std::vector<int64_t>{total}, static_cast<DataType>(dtype));
+          } else {
+            if (!chunk[3].is_none()) {
+              ThrowValueError("internal: a flattened packed chunk is reduced in place");
+            }
+            w->input.emplace(chunk[2], true, dtype, ArgName{"tensor '", r.name, "'"},
+                             options.stream >= 0);
+            if (w->input->view().NumElements() != total || w->input->view().shape.size() != 1) {
+              ThrowValueError("internal: flattened chunk '" + names[c] +
+                              "' is not a 1-d tensor of its members' " + std::to_string(total) +
+                              " elements");
+            }
+          }
           r.dtype = w->dtype = w->input->view().dtype;
           r.shape = w->input->view().shape;
-          entries.push_back(MakeEntry(w.get(), std::move(r), true, route.size, -1, std::nullopt));
+          r.on_gpu = w->input->view().device >= 0;
+          entries.push_back(MakeEntry(w.get(), std::move(r), true, route.size, options.stream,
+                                      std::nullopt, previous));
           entries.back().members = std::move(pieces);
           works.push_back(std::move(w));
         }

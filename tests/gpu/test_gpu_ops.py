@@ -74,6 +74,25 @@ def test_grouped_allreduce_of_odd_sized_views_is_fused(dtype):
         same(out, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_grouped_allreduce_in_place_is_packed_and_written_back(dtype):
+    # one dtype on one device: flattened into one tensor with every member's
+    # shape in the request, reduced, and copied back (a transposed member too)
+    tensors = [ramp(12, dtype).reshape(3, 4), ramp(7, dtype), ramp(6, dtype).reshape(2, 3).t(),
+               ramp(1, dtype).reshape(())]
+    expected = [t.clone() for t in tensors]
+    pointers = [t.data_ptr() for t in tensors]
+    results = hvd.grouped_allreduce_(tensors, op=hvd.Sum, name=f"grouped_.{dtype}")
+    assert all(r is t for r, t in zip(results, tensors))
+    assert [t.data_ptr() for t in tensors] == pointers
+    for t, e in zip(tensors, expected):
+        same(t, e)
+    # what runs after on the stream sees the results
+    doubled = [t * 2 for t in hvd.grouped_allreduce(tensors, op=hvd.Sum, name=f"g2.{dtype}")]
+    for d, e in zip(doubled, expected):
+        same(d, e * 2)
+
+
 def test_many_async_allreduces_complete_in_order():
     xs = [ramp(100 + k, torch.float32) * (k + 1) for k in range(64)]
     handles = [hvd.allreduce_async(x, op=hvd.Sum, name=f"async.{k}") for k, x in enumerate(xs)]

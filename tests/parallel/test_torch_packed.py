@@ -20,14 +20,23 @@ from torch_helpers import to_numpy, torch_input  # noqa: E402
 SHAPES = [(5, 3), (7,), (), (0, 4), (2, 1, 3)]
 
 
+@pytest.fixture(params=["pointers", "flat"])
+def packing(request, monkeypatch):
+    """Each test runs by data pointer (host tensors) and flattened (the
+    path of CUDA tensors, run here on the host)."""
+    from hora.torch import _collectives
+    monkeypatch.setattr(_collectives, "FLATTEN_HOST_GROUPS", request.param == "flat")
+    return request.param
+
+
 def _op_for(dtype):
     return hora.Max if dtype == "bool" else hora.Sum
 
 
 @pytest.mark.parametrize("in_place", [False, True])
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-def test_every_dtype_and_odd_members(dtype, in_place, rank, size):
-    tag = f"packed.{dtype}.{in_place}"
+def test_every_dtype_and_odd_members(packing, dtype, in_place, rank, size):
+    tag = f"packed.{packing}.{dtype}.{in_place}"
     tensors = [torch_input(f"{tag}.{i}", rank, shape, dtype) for i, shape in enumerate(SHAPES)]
     pointers = [t.data_ptr() for t in tensors]
     op = _op_for(dtype)
@@ -44,7 +53,7 @@ def test_every_dtype_and_odd_members(dtype, in_place, rank, size):
         assert_reduced(to_numpy(result), expected, op)
 
 
-def test_average_and_scale_factors_apply_to_every_member(rank, size):
+def test_average_and_scale_factors_apply_to_every_member(packing, rank, size):
     tensors = [torch.full((3,), float(rank + 1)), torch.full((2, 2), 2.0 * (rank + 1))]
     results = hvd.grouped_allreduce(tensors, name="packed.scaled", op=hvd.Average,
                                     prescale_factor=2.0, postscale_factor=0.5)
@@ -53,7 +62,7 @@ def test_average_and_scale_factors_apply_to_every_member(rank, size):
     torch.testing.assert_close(results[1], torch.full((2, 2), 2.0 * mean))
 
 
-def test_non_contiguous_and_views_of_one_buffer_in_place(rank, size):
+def test_non_contiguous_and_views_of_one_buffer_in_place(packing, rank, size):
     base = torch.arange(24, dtype=torch.float64).reshape(4, 6) + rank
     transposed = torch.ones(3, 5, dtype=torch.float64).t() * (rank + 1)  # not contiguous
     a, b = base[0], base[1]  # adjacent views: the core reduces them as one piece
@@ -67,7 +76,7 @@ def test_non_contiguous_and_views_of_one_buffer_in_place(rank, size):
                                   np.full((5, 3), size * (size + 1) / 2))
 
 
-def test_mixed_dtypes_take_the_per_tensor_path(rank, size):
+def test_mixed_dtypes_take_the_per_tensor_path(packing, rank, size):
     results = hvd.grouped_allreduce(
         [torch.full((2,), float(rank)), torch.full((3,), rank, dtype=torch.int32)],
         name="packed.mixed", op=hvd.Sum)
@@ -77,7 +86,7 @@ def test_mixed_dtypes_take_the_per_tensor_path(rank, size):
     np.testing.assert_array_equal(results[1].numpy(), np.full(3, total))
 
 
-def test_gradients_flow_through_a_packed_allreduce(rank, size):
+def test_gradients_flow_through_a_packed_allreduce(packing, rank, size):
     x = torch.full((3,), float(rank + 1), requires_grad=True)
     y = torch.full((2, 2), 1.0, requires_grad=True)
     a, b = hvd.grouped_allreduce([x, y], name="packed.grad", op=hvd.Sum)
@@ -87,15 +96,16 @@ def test_gradients_flow_through_a_packed_allreduce(rank, size):
     torch.testing.assert_close(y.grad, torch.full((2, 2), 1.0 * size))
 
 
-def test_repeated_calls_reuse_the_negotiated_layout(rank, size):
-    tensors = [torch.full((4,), 1.0), torch.full((2, 3), 2.0)]
+def test_repeated_calls_reuse_the_negotiated_layout(packing, rank, size):
+    mean = (size - 1) / 2
     for step in range(5):
+        tensors = [torch.full((4,), step + rank + 0.0), torch.full((2, 3), 2.0 * (step + rank))]
         results = hvd.grouped_allreduce(tensors, name="packed.repeat", op=hvd.Average)
-        torch.testing.assert_close(results[0], torch.full((4,), 1.0))
-        torch.testing.assert_close(results[1], torch.full((2, 3), 2.0))
+        torch.testing.assert_close(results[0], torch.full((4,), step + mean))
+        torch.testing.assert_close(results[1], torch.full((2, 3), 2.0 * (step + mean)))
 
 
-def test_a_reshaped_member_is_named_on_every_rank_and_the_job_goes_on(rank, size):
+def test_a_reshaped_member_is_named_on_every_rank_and_the_job_goes_on(packing, rank, size):
     if size == 1:
         pytest.skip("needs two ranks to disagree")
     shape = (3, 2) if rank == size - 1 else (2, 3)
@@ -112,7 +122,7 @@ def test_a_reshaped_member_is_named_on_every_rank_and_the_job_goes_on(rank, size
     assert results[1].sum().item() == 6 * size
 
 
-def test_member_counts_that_differ_are_named(rank, size):
+def test_member_counts_that_differ_are_named(packing, rank, size):
     if size == 1:
         pytest.skip("needs two ranks to disagree")
     count = 3 if rank == 0 else 2
@@ -123,7 +133,7 @@ def test_member_counts_that_differ_are_named(rank, size):
     assert "rank 0 sent 3" in message, message
 
 
-def test_one_rank_with_mixed_dtypes_fails_every_rank_instead_of_hanging(rank, size):
+def test_one_rank_with_mixed_dtypes_fails_every_rank_instead_of_hanging(packing, rank, size):
     if size == 1:
         pytest.skip("needs two ranks to disagree")
     second = torch.ones(2, dtype=torch.float64 if rank == 0 else torch.float32)
@@ -133,7 +143,7 @@ def test_one_rank_with_mixed_dtypes_fails_every_rank_instead_of_hanging(rank, si
     hvd.barrier()
 
 
-def test_packed_allreduce_in_a_process_set(rank, size):
+def test_packed_allreduce_in_a_process_set(packing, rank, size):
     if size < 2:
         pytest.skip("needs a set smaller than the job")
     members = list(range(size - 1))
@@ -148,7 +158,7 @@ def test_packed_allreduce_in_a_process_set(rank, size):
         hvd.remove_process_set(process_set)
 
 
-def test_a_joined_rank_contributes_zeros_to_a_packed_allreduce(rank, size):
+def test_a_joined_rank_contributes_zeros_to_a_packed_allreduce(packing, rank, size):
     if size == 1:
         pytest.skip("needs a rank to join while others reduce")
     if rank == size - 1:

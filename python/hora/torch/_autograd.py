@@ -27,9 +27,9 @@ import torch
 from hora.common._adapter.naming import MemberNames
 from hora.common.basics import ReduceOp, rank
 from hora.torch._collectives import (
-    Average, Handle, Max, Min, Sum, allgather_now, allreduce_now, grad_name, name_or_auto,
-    process_set_id, reducescatter_now, set_rank, set_size, start_allgather, start_allreduce,
-    start_alltoall, start_broadcast, start_reducescatter, sub_name, synchronize)
+    Average, Handle, Max, Min, Sum, allgather_now, allreduce_handle, allreduce_now, grad_name,
+    name_or_auto, process_set_id, reducescatter_now, set_rank, set_size, start_allgather,
+    start_allreduce, start_alltoall, start_broadcast, start_reducescatter, sub_name, synchronize)
 
 Product = ReduceOp.Product
 
@@ -87,9 +87,8 @@ class AllreduceFunction(torch.autograd.Function):
 def grouped_allreduce_now(tensors, name, op, prescale, postscale, ident):
     """The grouped allreduce of checked ``tensors`` under the base ``name``,
     waited for: a list of new tensors."""
-    works, outputs = start_allreduce(tensors, MemberNames(name, len(tensors)), op, prescale,
-                                     postscale, True, ident)
-    return synchronize(Handle(works, lambda ws: outputs))
+    return synchronize(allreduce_handle(tensors, MemberNames(name, len(tensors)), op, prescale,
+                                        postscale, True, ident))
 
 
 class GroupedAllreduceFunction(torch.autograd.Function):
@@ -119,10 +118,9 @@ def allgather_grad(grads, rows, name, ps, ident):
     names = [f"{base}.{i}" for i in range(len(grads))]
     counts_works, counts_finish = start_allgather(
         [torch.tensor([rows], dtype=torch.int64)], [f"{base}.rows"], process_set=ident)
-    works, outputs = start_allreduce(list(grads), names, Average, 1.0, 1.0,
-                                     len(grads) > 1, ident)
+    handle = allreduce_handle(list(grads), names, Average, 1.0, 1.0, len(grads) > 1, ident)
     counts = synchronize(Handle(counts_works, lambda ws: counts_finish(ws)[0]))
-    totals = synchronize(Handle(works, lambda ws: outputs))
+    totals = synchronize(handle)
     offsets = counts[:set_rank(ps)].sum(dim=0)
     return [total.narrow(0, int(offsets[i]), rows[i]) for i, total in enumerate(totals)]
 

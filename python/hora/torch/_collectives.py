@@ -208,27 +208,40 @@ def owned_result(work, dtype):
     return result if device is None else result.to(device)
 
 
-def _packable(tensors, op):
-    """Whether a grouped allreduce of ``tensors`` (checked, not empty)
-    travels packed: host tensors of one dtype, reduced elementwise (Adasum
-    combines each tensor on its own). Every rank of a correct program
-    decides the same."""
+#: Grouped allreduces of host tensors go flattened, as on a GPU, rather
+#: than by data pointer (the tests set it to run the GPU path's logic).
+FLATTEN_HOST_GROUPS = False
+
+
+def _packing(tensors, op):
+    """How a grouped allreduce of ``tensors`` (checked, not empty) travels:
+    ``"pointers"`` (host tensors: the core reads each where it is),
+    ``"flat"`` (CUDA tensors: flattened into one), or None (one request per
+    tensor: mixed dtypes or devices, or Adasum, which combines each tensor
+    on its own). Every rank of a correct program decides the same."""
     if int(op) == int(Adasum):
-        return False
-    dtype = tensors[0].dtype
+        return None
+    first = tensors[0]
+    dtype, on_cpu = first.dtype, first.is_cpu
     for t in tensors:
-        if t.dtype is not dtype or not t.is_cpu:
-            return False
-    return True
+        if t.dtype is not dtype or t.is_cpu is not on_cpu:
+            return None
+    if not on_cpu:
+        return "flat" if _core_has_gpu() else None
+    return "flat" if FLATTEN_HOST_GROUPS else "pointers"
 
 
-def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set):
-    """A grouped allreduce of host tensors of one dtype as one packed
-    request: the core reads and writes the tensors where they are, by data
-    pointer, and the call costs one request and one Work, not one per
-    tensor. Returns (works, outputs, finish); in place, the outputs are the
-    tensors and ``finish`` copies results into those that were not
-    contiguous."""
+def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set, packing):
+    """A grouped allreduce of tensors of one dtype as one packed request,
+    which carries every member's shape for the ranks to compare: one
+    request and one Work, however many tensors. By ``"pointers"`` the core
+    reads and writes host tensors where they are; ``"flat"`` reduces a
+    flattened copy (one DLPack export) on the tensors' device. Returns
+    (works, outputs, finish); ``finish`` puts the results in place (the
+    outputs are then the tensors) or makes the new tensors of an
+    out-of-place call."""
+    if packing == "flat":
+        return _start_flat(tensors, names, op, prescale, postscale, in_place, process_set)
     inputs, copy_back = [], []
     for t in tensors:
         if t.is_contiguous():
@@ -252,14 +265,35 @@ def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set
         with torch.no_grad():
             for target, dense in copy_back:
                 target.copy_(dense)
+        return outputs
     return works, outputs, finish
 
 
+def _start_flat(tensors, names, op, prescale, postscale, in_place, process_set):
+    with torch.no_grad():
+        flat = torch._C._nn.flatten_dense_tensors(tensors)
+    stream = -1
+    if flat.is_cuda:
+        stream = torch.cuda.current_stream(flat.device).cuda_stream
+    chunk = (names[0], _CORE_DTYPES[flat.dtype], flat, None, [t.shape for t in tensors])
+    works = submission.submit_packed(flat, [chunk], op, prescale, postscale, process_set,
+                                     stream)
+    results = []
+
+    def finish():
+        # views of the reduced copy, made once it is done (on a GPU, the
+        # caller's stream waits for the reduction before these kernels)
+        if not results:
+            results.extend(torch._C._nn.unflatten_dense_tensors(flat, tensors))
+            if in_place:
+                with torch.no_grad():
+                    torch._foreach_copy_(tensors, results)
+                results[:] = tensors
+        return results
+    return works, results, finish
+
+
 def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_set=0):
-    if grouped and tensors and _packable(tensors, op):
-        works, outputs, _ = _start_packed(tensors, names, op, prescale, postscale, False,
-                                          process_set)
-        return works, outputs
     inputs = [as_input(t) for t in tensors]
     outputs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs]
     works = submit(KIND_ALLREDUCE, names, inputs, outputs, op, 0, prescale, postscale,
@@ -267,13 +301,28 @@ def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_se
     return works, outputs
 
 
+def allreduce_handle(tensors, names, op, prescale, postscale, grouped, process_set=0):
+    """Starts an allreduce of checked ``tensors`` into new tensors; returns
+    a Handle whose result is their list. A grouped one travels packed where
+    it can (see :func:`_packing`)."""
+    packing = _packing(tensors, op) if grouped and tensors else None
+    if packing is not None:
+        works, _, finish = _start_packed(tensors, names, op, prescale, postscale, False,
+                                         process_set, packing)
+        return Handle(works, lambda ws: finish())
+    works, outputs = start_allreduce(tensors, names, op, prescale, postscale, grouped,
+                                     process_set)
+    return Handle(works, lambda ws: outputs)
+
+
 def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=1.0,
                   grouped=False, process_set=0):
     """Submits an in-place collective; returns (works, finish) where finish
     copies results back into tensors that had to be made contiguous."""
-    if grouped and kind == KIND_ALLREDUCE and tensors and _packable(tensors, op):
+    packing = _packing(tensors, op) if grouped and kind == KIND_ALLREDUCE and tensors else None
+    if packing is not None:
         works, _, finish = _start_packed(tensors, names, op, prescale, postscale, True,
-                                         process_set)
+                                         process_set, packing)
         return works, finish
     buffers, copy_back = [], []
     for tensor in tensors:

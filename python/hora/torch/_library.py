@@ -31,10 +31,10 @@ from hora.common.process_sets import ProcessSet, from_id
 from hora.torch import _autograd
 from hora.torch.compression import Compression
 from hora.torch._collectives import (
-    KIND_ALLREDUCE, KIND_BROADCAST, Average, Handle, Sum, check_op, check_root, check_tensor,
-    check_tensors, grad_name, name_or_auto, resolve_op, set_rank, set_size, splits_list,
-    start_allgather, start_allreduce, start_alltoall, start_broadcast, start_inplace_one,
-    start_reducescatter, synchronize)
+    KIND_ALLREDUCE, KIND_BROADCAST, Average, Handle, Sum, allreduce_handle, check_op, check_root,
+    check_tensor, check_tensors, grad_name, name_or_auto, resolve_op, set_rank, set_size,
+    splits_list, start_allgather, start_allreduce, start_alltoall, start_broadcast,
+    start_inplace_one, start_reducescatter, synchronize)
 
 _SELF_GRADIENT = (int(Sum), int(Average))  # ops whose backward needs no saved input
 
@@ -122,9 +122,8 @@ def grouped_allreduce_op(tensors: list[Tensor], name: str, op: int, prescale: fl
     tensors = check_tensors(tensors, "grouped_allreduce")
     base = name_or_auto(name or None, "grouped_allreduce", process_set)
     names = [f"{base}.{i}" for i in range(len(tensors))]
-    works, outputs = start_allreduce(tensors, names, ReduceOp(op), prescale, postscale, True,
-                                     process_set)
-    results = synchronize(Handle(works, lambda ws: outputs))
+    results = synchronize(allreduce_handle(tensors, names, ReduceOp(op), prescale, postscale,
+                                           True, process_set))
     return [_owned(r, t) for r, t in zip(results, tensors)]
 
 
@@ -142,9 +141,8 @@ def grouped_allreduce_backward_op(grads: list[Tensor], saved: list[Tensor], name
     base = name_or_auto(grad_name(name, bool(name), "grad"), "grouped_allreduce", process_set)
     if op in _SELF_GRADIENT:
         names = [f"{base}.{i}" for i in range(len(grads))]
-        works, outputs = start_allreduce(grads, names, ReduceOp(op), prescale, postscale, True,
-                                         process_set)
-        results = synchronize(Handle(works, lambda ws: outputs))
+        results = synchronize(allreduce_handle(grads, names, ReduceOp(op), prescale, postscale,
+                                               True, process_set))
     else:
         results = [_autograd.allreduce_grad(g, x, ReduceOp(op), prescale, postscale,
                                             f"{base}.{i}", ps, process_set)

@@ -60,10 +60,10 @@ from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
     GroupedAllreduceFunction, ReducescatterFunction, grouped_allreduce_now)
 from hora.torch._collectives import (
-    KIND_ALLREDUCE, KIND_BROADCAST, check_op, check_root, check_tensor, check_tensors,
-    name_or_auto, resolve_op, set_id, set_object, set_size, splits_list, start_allgather,
-    start_allreduce, start_alltoall, start_broadcast, start_inplace, start_inplace_one,
-    start_reducescatter)
+    KIND_ALLREDUCE, KIND_BROADCAST, allreduce_handle, check_op, check_root, check_tensor,
+    check_tensors, name_or_auto, resolve_op, set_id, set_object, set_size, splits_list,
+    start_allgather, start_allreduce, start_alltoall, start_broadcast, start_inplace,
+    start_inplace_one, start_reducescatter)
 from hora.torch.compression import Compression
 
 try:
@@ -178,9 +178,7 @@ def grouped_allreduce_async(tensors: Iterable[torch.Tensor], average: bool | Non
     op = resolve_op(average, op, "grouped_allreduce_async")
     listed = check_tensors(tensors, "grouped_allreduce_async")
     names = member_names(name, len(listed), "grouped_allreduce", ident)
-    works, outputs = start_allreduce(listed, names, op, prescale_factor, postscale_factor, True,
-                                     ident)
-    return Handle(works, lambda ws: outputs)
+    return allreduce_handle(listed, names, op, prescale_factor, postscale_factor, True, ident)
 
 
 def grouped_allreduce(tensors: Iterable[torch.Tensor], average: bool | None = None,
