@@ -66,3 +66,66 @@ def test_a_mismatch_inside_a_bucket_names_the_parameter_on_every_rank(rank, size
                                          named_parameters=model.named_parameters())
     model(float_input("torch.buckets.after", rank, (3, 4)).float()).sum().backward()
     optimizer.step()
+
+
+class Stack(torch.nn.Module):
+    """Four float32 layers: one bucket when bucket_bytes allows."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.layers = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(),
+                                          torch.nn.Linear(6, 3))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def _expected_step_gradients(rank, size, step, passes=1):
+    """What every gradient averages to, computed without buckets."""
+    model = Stack()
+    for p in model.parameters():
+        p.grad = None
+    for k in range(passes):
+        for r in range(size):
+            x = float_input(f"flat.{step}.{k}", r, (5, 4)).float()
+            (model(x).pow(2).sum() / size).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_buckets_gradients_are_views_into_one_flat_buffer(set_to_none, rank, size):
+    model = Stack()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(),
+                                         bucket_bytes=1 << 20)
+    seen = None
+    for step in range(3):
+        optimizer.zero_grad(set_to_none=set_to_none)
+        model(float_input(f"flat.{step}.0", rank, (5, 4)).float()).pow(2).sum().backward()
+        optimizer.step()
+        grads = [p.grad for p in model.parameters()]
+        # one storage for the bucket, the gradients laid end to end in it
+        assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+        if not set_to_none and seen is not None:
+            # accumulated into the views: the very same tensors, nothing copied in
+            assert all(g is s for g, s in zip(grads, seen))
+        seen = grads
+        expected = _expected_step_gradients(rank, size, step)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_flat_buckets_with_backward_passes_per_step(rank, size):
+    model = Stack()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                         named_parameters=model.named_parameters(),
+                                         bucket_bytes=1 << 20, backward_passes_per_step=2)
+    for step in range(2):
+        optimizer.zero_grad(set_to_none=step == 0)
+        for k in range(2):
+            model(float_input(f"flat.{step}.{k}", rank, (5, 4)).float()).pow(2).sum().backward()
+        optimizer.step()
+        expected = _expected_step_gradients(rank, size, step, passes=2)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-6)

@@ -315,6 +315,26 @@ def allreduce_handle(tensors, names, op, prescale, postscale, grouped, process_s
     return Handle(works, lambda ws: outputs)
 
 
+def bucket_packable(tensor, op):
+    """Whether a flat bucket (one dense tensor holding several gradients end
+    to end) on ``tensor``'s device can go to the core as one packed tensor."""
+    return int(op) != int(Adasum) and (tensor.is_cpu or (tensor.is_cuda and _core_has_gpu()))
+
+
+def start_flat_bucket(flat, shapes, name, op, prescale, postscale, process_set=0):
+    """Starts the in-place allreduce of ``flat``, a contiguous 1-d tensor
+    holding tensors of ``shapes`` end to end (a bucket's gradients, which
+    are views into it): one tensor to the core, nothing to copy, and every
+    member's shape in the request (a mismatch names the member). Returns a
+    Handle whose result is ``flat``."""
+    stream = -1
+    if flat.is_cuda:
+        stream = torch.cuda.current_stream(flat.device).cuda_stream
+    chunk = (name, _CORE_DTYPES[flat.dtype], flat, None, shapes)
+    works = submission.submit_packed(flat, [chunk], op, prescale, postscale, process_set, stream)
+    return Handle(works, lambda ws: flat)
+
+
 def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=1.0,
                   grouped=False, process_set=0):
     """Submits an in-place collective; returns (works, finish) where finish
