@@ -160,3 +160,16 @@ def test_sharding_benchmark_measures_memory_speed_and_the_largest_model(tmp_path
     largest = result["largest"]
     assert largest["hora_zero2"]["layers"] >= largest["hora"]["layers"] >= 1, output
     assert largest["hora_zero3"]["layers"] >= largest["hora"]["layers"], output
+
+
+def test_host_cost_times_and_checks_every_variant(tmp_path):
+    pytest.importorskip("torch")
+    result, output = run_bench(2, ["host-cost", "--shapes", "tiny", "--iterations", "5",
+                                   "--compare", "gloo"], tmp_path)
+    rows = result["rows"]
+    assert [r["variant"] for r in rows] == ["flat", "flat_", "grouped", "grouped_", "async",
+                                            "gloo flat_", "gloo async"], output
+    for row in rows:
+        assert row["wrong"] == 0 and row["us"] > 0, (row, output)
+        assert row["tensors"] == 161 and row["ranks"] == 2
+        assert (row["reference"] is None) == (row["us_per_tensor_above"] is None)

@@ -14,11 +14,15 @@ from a barrier each time, the slowest rank counting:
 * ``async``: ``hvd.allreduce_async_`` per tensor, then ``synchronize`` on
   each, as Horovod scripts do without grouping;
 * with ``--compare gloo``, the same flat tensor and the same per-tensor loop
-  through ``torch.distributed`` on gloo (``all_reduce(async_op=True)``).
+  through ``torch.distributed`` on gloo (``all_reduce(async_op=True)``),
+  divided by the world size as hora's Average does; timed after hora's, so
+  that neither library's threads slow the other's.
 
 It reports the median time of each and, per tensor, the time above the flat
 reference of the same kind (out of place, or in place): the host's cost of
-handing the data over as many tensors rather than one.
+handing the data over as many tensors rather than one. Every variant's
+results are checked afterwards (``wrong``: elements that are not the
+average).
 """
 
 import argparse
@@ -60,6 +64,12 @@ def _gloo(comm):
     return dist
 
 
+def wrong_elements(results):
+    """Elements of a variant's results that are not the average of every
+    rank's 1e-3 (every variant reduces values that stay 1e-3)."""
+    return sum(int((t - 1e-3).abs().gt(1e-9).sum()) for t in results)
+
+
 def _make(shape):
     # tiny values keep repeated in-place averages finite and away from
     # denormals; zeros would let the kernel share one zero page
@@ -73,7 +83,14 @@ def _gloo_variants(dist, shapes):
     def per_tensor():
         for work in [dist.all_reduce(t, async_op=True) for t in tensors]:
             work.wait()
-    return ({"gloo flat_": lambda: dist.all_reduce(flat), "gloo async": per_tensor},
+        for t in tensors:  # gloo has no average: what hora's Average does
+            t.div_(dist.get_world_size())
+        return tensors
+
+    def flat_average():
+        dist.all_reduce(flat)
+        return [flat.div_(dist.get_world_size())]
+    return ({"gloo flat_": flat_average, "gloo async": per_tensor},
             {"gloo flat_": None, "gloo async": "gloo flat_"})
 
 
@@ -91,13 +108,13 @@ def _variants(hvd, shapes):
             hvd.synchronize(h)
 
     variants = {
-        "flat": lambda: hvd.allreduce(flat, name="bench.flat", op=hvd.Average),
-        "flat_": lambda: hvd.allreduce_(flat_in_place, name="bench.flat_", op=hvd.Average),
+        "flat": lambda: [hvd.allreduce(flat, name="bench.flat", op=hvd.Average)],
+        "flat_": lambda: [hvd.allreduce_(flat_in_place, name="bench.flat_", op=hvd.Average)],
         "grouped": lambda: hvd.grouped_allreduce(tensors, name="bench.grouped",
                                                  op=hvd.Average),
         "grouped_": lambda: hvd.grouped_allreduce_(in_place, name="bench.grouped_",
                                                    op=hvd.Average),
-        "async": per_tensor,
+        "async": lambda: (per_tensor(), in_place)[1],
     }
     reference = {"flat": None, "flat_": None, "grouped": "flat", "grouped_": "flat_",
                  "async": "flat_"}
@@ -129,6 +146,8 @@ def main(argv=None):
                                                              iterations, comm)))
             names += gloo_names
             reference.update(gloo_reference)
+        checked = {**variants, **(gloo if dist is not None else {})}
+        wrong = {name: comm.allreduce(wrong_elements(checked[name]())) for name in names}
         if comm.Get_rank() == 0:
             print(f"# {set_name}: {len(shapes)} tensors, {total * 4 / 2**20:.2f} MiB float32, "
                   f"{comm.Get_size()} ranks, {iterations} rounds (median)", flush=True)
@@ -137,11 +156,12 @@ def main(argv=None):
             above = None if ref is None else (seconds[name] - seconds[ref]) / len(shapes)
             rows.append({"set": set_name, "variant": name, "ranks": comm.Get_size(),
                          "tensors": len(shapes), "us": seconds[name] * 1e6,
-                         "reference": ref,
+                         "reference": ref, "wrong": wrong[name],
                          "us_per_tensor_above": None if above is None else above * 1e6})
             if comm.Get_rank() == 0:
                 extra = "" if above is None else f"   {above * 1e6:6.2f} us per tensor above {ref}"
-                print(f"  {name:>11}  {seconds[name] * 1e6:10.1f} us{extra}", flush=True)
+                flag = f"   #wrong {wrong[name]}" if wrong[name] else ""
+                print(f"  {name:>11}  {seconds[name] * 1e6:10.1f} us{extra}{flag}", flush=True)
     if comm.Get_rank() == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "host-cost", "rows": rows}, f, indent=1)
