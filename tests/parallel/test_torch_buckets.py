@@ -129,3 +129,21 @@ def test_flat_buckets_with_backward_passes_per_step(rank, size):
         expected = _expected_step_gradients(rank, size, step, passes=2)
         for name, p in model.named_parameters():
             torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_channels_last_gradients_in_a_bucket(rank, size):
+    def gradients(bucket_bytes):
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 2, 1))
+        model = model.to(memory_format=torch.channels_last)
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                             named_parameters=model.named_parameters(),
+                                             bucket_bytes=bucket_bytes)
+        x = float_input("flat.channels_last", rank, (2, 3, 6, 6)).float()
+        model(x.to(memory_format=torch.channels_last)).pow(2).sum().backward()
+        assert not model[0].weight.grad.is_contiguous()  # the case under test
+        optimizer.step()
+        return [p.grad.clone() for p in model.parameters()]
+
+    for got, want in zip(gradients(1 << 20), gradients(0)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

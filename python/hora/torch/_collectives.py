@@ -321,18 +321,39 @@ def bucket_packable(tensor, op):
     return int(op) != int(Adasum) and (tensor.is_cpu or (tensor.is_cuda and _core_has_gpu()))
 
 
-def start_flat_bucket(flat, shapes, name, op, prescale, postscale, process_set=0):
-    """Starts the in-place allreduce of ``flat``, a contiguous 1-d tensor
-    holding tensors of ``shapes`` end to end (a bucket's gradients, which
-    are views into it): one tensor to the core, nothing to copy, and every
-    member's shape in the request (a mismatch names the member). Returns a
-    Handle whose result is ``flat``."""
-    stream = -1
-    if flat.is_cuda:
+def start_bucket(flat, views, grads, name, op, prescale, postscale, process_set=0):
+    """Starts the allreduce of a bucket's gradients ``grads`` into
+    ``views``, views laid end to end in ``flat`` (a contiguous 1-d tensor)
+    and shaped as the gradients: the request carries every member's shape
+    (a mismatch names the member), and the result lands in the views with
+    nothing copied back. Gradients that already are their views (after
+    ``zero_grad(set_to_none=False)``) are reduced in place as one tensor.
+    On the host the core reads the other gradients where they are and
+    writes the views; on a GPU they are copied into the views first and the
+    bucket goes as one tensor. Returns a Handle whose result is ``views``."""
+    stale = [i for i, (g, v) in enumerate(zip(grads, views)) if g is not v]
+    code = _CORE_DTYPES[flat.dtype]
+    shapes = [v.shape for v in views]
+    if flat.is_cpu:
+        inputs = list(grads)
+        odd = [i for i in stale if not grads[i].is_contiguous()]
+        if odd:  # e.g. channels_last: the core reads row-major memory
+            with torch.no_grad():
+                torch._foreach_copy_([views[i] for i in odd], [grads[i] for i in odd])
+            for i in odd:
+                inputs[i] = views[i]
+        outputs = [v.data_ptr() for v in views] if stale else None
+        chunk = (name, code, [x.data_ptr() for x in inputs], outputs, shapes)
+        works = submission.submit_packed((flat, inputs), [chunk], op, prescale, postscale,
+                                         process_set)
+    else:
+        if stale:
+            with torch.no_grad():
+                torch._foreach_copy_([views[i] for i in stale], [grads[i] for i in stale])
         stream = torch.cuda.current_stream(flat.device).cuda_stream
-    chunk = (name, _CORE_DTYPES[flat.dtype], flat, None, shapes)
-    works = submission.submit_packed(flat, [chunk], op, prescale, postscale, process_set, stream)
-    return Handle(works, lambda ws: flat)
+        works = submission.submit_packed(flat, [(name, code, flat, None, shapes)], op, prescale,
+                                         postscale, process_set, stream)
+    return Handle(works, lambda ws: views)
 
 
 def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=1.0,

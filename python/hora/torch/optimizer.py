@@ -38,7 +38,7 @@ from hora.torch._optimizer_errors import (
     too_many_passes, warn_step_after_synchronize, zero_grad_while_reducing)
 from hora.torch._collectives import (
     ProcessSet, bucket_packable, global_process_set, set_id, set_object, set_size,
-    start_flat_bucket)
+    start_bucket)
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
 from hora.torch.sharded_optimizer import SHARDED_BUCKET_BYTES, _ShardedOptimizer
@@ -158,12 +158,12 @@ class _DistributedOptimizer(SynchronizeSwitch):
         if (grouped and index in self._hora_buckets
                 and self._hora_compression is Compression.none
                 and bucket_packable(params[0].grad, self._hora_op)):
-            flat = self._hora_bucket_view(index, params)
-            handle = start_flat_bucket(
-                flat, [p.shape for p in params], f"{self._hora_unit_names[index]}.0",
+            flat, views = self._hora_bucket_views(index, params)
+            handle = start_bucket(
+                flat, views, [p.grad for p in params], f"{self._hora_unit_names[index]}.0",
                 self._hora_op, self._hora_prescale, self._hora_postscale,
                 set_id(self._hora_process_set, "DistributedOptimizer"))
-            return ("dense", handle, [(p, (p.grad, None)) for p in params], was_sparse,
+            return ("bucket", handle, list(zip(params, views)), was_sparse,
                     self._hora_unit_names[index])
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
@@ -180,29 +180,21 @@ class _DistributedOptimizer(SynchronizeSwitch):
         group = self._hora_unit_names[index] if grouped else None
         return ("dense", handle, list(zip(params, compressed)), was_sparse, group)
 
-    def _hora_bucket_view(self, index, params):
-        """The flat buffer of bucket ``index``, with every gradient in it a
-        view into it (as DDP's ``gradient_as_bucket_view``): the bucket then
-        reaches the core as one tensor, and its result is in the gradients
-        with nothing copied back. A gradient that is not its view (the first
-        step, or after ``zero_grad(set_to_none=True)``) is copied in and
-        replaced by the view; gradients accumulated into the views (with
-        ``set_to_none=False``) cost nothing."""
+    def _hora_bucket_views(self, index, params):
+        """The flat buffer of bucket ``index`` and its views, shaped as the
+        gradients: after each reduction the gradients are these views (as
+        with DDP's ``gradient_as_bucket_view``), so a bucket whose
+        gradients were accumulated into them (``set_to_none=False``) is
+        reduced in place as one tensor."""
         first = params[0].grad
         flat, views = self._hora_flat.get(index, (None, None))
         if flat is None or flat.dtype != first.dtype or flat.device != first.device:
-            flat = torch.empty(sum(p.numel() for p in params), dtype=first.dtype,
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=first.dtype,
                                device=first.device)
             with torch.no_grad():
                 views = torch._C._nn.unflatten_dense_tensors(flat, [p.grad for p in params])
             self._hora_flat[index] = (flat, views)
-        stale = [i for i, (p, view) in enumerate(zip(params, views)) if p.grad is not view]
-        if stale:
-            with torch.no_grad():
-                torch._foreach_copy_([views[i] for i in stale], [params[i].grad for i in stale])
-            for i in stale:
-                params[i].grad = views[i]
-        return flat
+        return flat, views
 
     def _hora_name_group_member(self, error, entries):
         """``error`` with the parameter named where it names a member of a
@@ -230,6 +222,13 @@ class _DistributedOptimizer(SynchronizeSwitch):
         with torch.no_grad():
             if kind == "sparse":
                 members[0].grad = result
+                return
+            if kind == "bucket":
+                for p, view in members:
+                    if p.grad is not view:
+                        p.grad = view
+                    if p in was_sparse:
+                        p.grad = p.grad.to_sparse()
                 return
             for p, (tensor, ctx) in members:
                 if tensor is not p.grad:
