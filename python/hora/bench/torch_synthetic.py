@@ -53,6 +53,9 @@ def build_parser():
     parser.add_argument("--sync-batch-norm", action="store_true",
                         help="hvd.SyncBatchNorm in hora's model, as Horovod's script uses (the "
                              "other variants keep torch.nn.BatchNorm2d)")
+    parser.add_argument("--compile", action="store_true",
+                        help="train every variant's model through torch.compile (DDP's "
+                             "through its DDPOptimizer); the warm-up batches compile it")
     parser.add_argument("--cuda", action="store_true",
                         help="train on the GPU of the rank's local rank")
     parser.add_argument("--threads", type=int, default=None,

@@ -53,10 +53,11 @@ class Variant:
 
     def _make_step(self, model, optimizer):
         data, target = self.setup.data, self.setup.target
+        forward = torch.compile(model) if getattr(self.setup.args, "compile", False) else model
 
         def step():
             optimizer.zero_grad()
-            train_models.loss(model(data), target).backward()
+            train_models.loss(forward(data), target).backward()
             optimizer.step()
         self.model = model
         self.step = step
