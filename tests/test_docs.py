@@ -154,6 +154,8 @@ def command_lines():
         tools.append(("python -m hora.bench torch-synthetic", torch_synthetic()))
         from hora.bench.sharding import build_parser as sharding
         tools.append(("python -m hora.bench sharding", sharding()))
+        from hora.bench.host_cost import build_parser as host_cost
+        tools.append(("python -m hora.bench host-cost", host_cost()))
     except ImportError:  # torch is not installed
         pass
     for command, parser in list(tools):
