@@ -294,6 +294,19 @@ py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry ent
   return py::cast(std::move(w));
 }
 
+// Queues the entries of one submission (all or none) and hands their Works,
+// `works[i]` linked to `entries[i]`, to Python.
+py::list EnqueueAll(Engine& engine, std::vector<std::unique_ptr<PyWork>> works,
+                    std::vector<TensorEntry> entries) {
+  ThrowIfFailed(engine.Enqueue(std::move(entries)));
+  py::list result;
+  for (auto& w : works) {
+    w->enqueued = true;
+    result.append(py::cast(std::move(w)));
+  }
+  return result;
+}
+
 // A list of tensors (a grouped collective when options.grouped): one Work each.
 py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
                     const CollectiveOptions& o, py::handle outputs, int size) {
@@ -326,13 +339,7 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
           works.push_back(std::move(w));
         }
       });
-  ThrowIfFailed(engine.Enqueue(std::move(entries)));
-  py::list result;
-  for (auto& w : works) {
-    w->enqueued = true;
-    result.append(py::cast(std::move(w)));
-  }
-  return result;
+  return EnqueueAll(engine, std::move(works), std::move(entries));
 }
 
 // Contiguous host memory the caller describes as (owner, data_ptr, shape,
@@ -517,13 +524,7 @@ py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions
           works.push_back(std::move(w));
         }
       });
-  ThrowIfFailed(engine.Enqueue(std::move(entries)));
-  py::list result;
-  for (auto& w : works) {
-    w->enqueued = true;
-    result.append(py::cast(std::move(w)));
-  }
-  return result;
+  return EnqueueAll(engine, std::move(works), std::move(entries));
 }
 
 // The one way in: `tensors` is a list (one Work per tensor, `names` a
