@@ -294,19 +294,6 @@ py::object EnqueueOne(Engine& engine, std::unique_ptr<PyWork> w, TensorEntry ent
   return py::cast(std::move(w));
 }
 
-// Queues the entries of one submission (all or none) and hands their Works,
-// `works[i]` linked to `entries[i]`, to Python.
-py::list EnqueueAll(Engine& engine, std::vector<std::unique_ptr<PyWork>> works,
-                    std::vector<TensorEntry> entries) {
-  ThrowIfFailed(engine.Enqueue(std::move(entries)));
-  py::list result;
-  for (auto& w : works) {
-    w->enqueued = true;
-    result.append(py::cast(std::move(w)));
-  }
-  return result;
-}
-
 // A list of tensors (a grouped collective when options.grouped): one Work each.
 py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
                     const CollectiveOptions& o, py::handle outputs, int size) {
@@ -339,7 +326,13 @@ py::list SubmitList(Engine& engine, int kind, py::list inputs, py::handle names,
           works.push_back(std::move(w));
         }
       });
-  return EnqueueAll(engine, std::move(works), std::move(entries));
+  ThrowIfFailed(engine.Enqueue(std::move(entries)));
+  py::list result;
+  for (auto& w : works) {
+    w->enqueued = true;
+    result.append(py::cast(std::move(w)));
+  }
+  return result;
 }
 
 // Contiguous host memory the caller describes as (owner, data_ptr, shape,
@@ -443,88 +436,68 @@ std::vector<Piece> MemberPieces(const std::string& name, py::handle inputs, py::
   return pieces;
 }
 
-// Packed allreduces, the per-tensor path of a grouped allreduce: tensors
-// of one dtype reduced as one request that carries every member's shape, so
-// the ranks still agree on each member, with no request, Work or DLPack
-// export per member. `chunks` lists (name, dtype code, inputs, outputs,
-// shapes), released together as one group, where either
-//   inputs is a list of host data pointers and outputs one too, or None for
-//   in place: the core reads and writes the members where they are; or
-//   inputs is one tensor holding the members end to end (a flattened copy,
-//   host or GPU memory) and outputs None: reduced in place as one tensor.
-// `owner` keeps the memory alive until every Work is released.
-py::list SubmitPacked(py::handle owner, py::list chunks, const CollectiveOptions& options) {
+// A packed allreduce, the per-tensor path of a grouped allreduce: tensors
+// of one dtype (`dtype`, a core code) reduced as one request that carries
+// every member's shape (`shapes`), so the ranks still agree on each member,
+// with no request, Work or DLPack export per member. Either
+//   `inputs` is a list of host data pointers and `outputs` one too, or None
+//   for in place: the core reads and writes the members where they are; or
+//   `inputs` is one tensor holding the members end to end (a flattened
+//   copy, host or GPU memory) and `outputs` None: reduced in place.
+// The request is a group of one, so that a rank that submitted the same
+// name member by member fails with the others instead of waiting. `owner`
+// keeps the memory alive until the Work is released.
+py::object SubmitPacked(py::handle owner, const std::string& name, int dtype, py::handle inputs,
+                        py::handle outputs, py::handle shapes, const CollectiveOptions& options) {
   std::shared_ptr<Engine> job = CurrentEngine();
   ReleaseFinishedOrphans();
-  const size_t count = static_cast<size_t>(py::len(chunks));
-  if (count == 0) return py::list();
-  std::vector<std::string> names;
-  for (size_t c = 0; c < count; ++c) {
-    py::tuple chunk = chunks[c].cast<py::tuple>();
-    if (chunk.size() != 5) {
-      ThrowValueError("internal: a packed chunk is (name, dtype, inputs, outputs, shapes)");
-    }
-    names.push_back(chunk[0].cast<std::string>());
-  }
   ProcessSetRoute route;
   Status routed = job->process_sets().Route(options.process_set, std::nullopt, &route);
-  if (!routed.ok()) ThrowStatus(routed.WithContext("allreduce '" + names[0] + "'"));
+  if (!routed.ok()) ThrowStatus(routed.WithContext("allreduce '" + name + "'"));
   Engine& engine = route.engine ? *route.engine : *job;
   if (options.op == static_cast<int>(ReduceOp::kAdasum)) {
     ThrowValueError("internal: op=Adasum combines each tensor on its own; it is never packed");
   }
-  const std::string group = "group:" + names[0];
-  const int32_t group_size = static_cast<int32_t>(count);
-  std::vector<std::unique_ptr<PyWork>> works;
-  std::vector<TensorEntry> entries;
+  if (!IsValidDataType(dtype)) {
+    ThrowValueError("internal: packed '" + name + "' has dtype code " + std::to_string(dtype));
+  }
   const int kind = static_cast<int>(CollectiveKind::kAllreduce);
-  Refusing(
-      engine, kind, [&] { return names; }, group, group_size,
+  const std::string group = "group:" + name;
+  Request r = NewRequest(kind, name, options);
+  r.group = group;
+  r.group_size = 1;
+  auto w = std::make_unique<PyWork>();
+  std::vector<Piece> pieces;
+  TensorEntry entry = Refusing(
+      engine, kind, [&] { return std::vector<std::string>{name}; }, group, 1,
       [&] {
-        for (size_t c = 0; c < count; ++c) {
-          py::tuple chunk = chunks[c].cast<py::tuple>();
-          const int dtype = chunk[1].cast<int>();
-          if (!IsValidDataType(dtype)) {
-            ThrowValueError("internal: packed chunk '" + names[c] + "' has dtype code " +
-                            std::to_string(dtype));
+        const std::vector<int64_t> elements = MemberLayout(name, shapes, &r.members);
+        const int64_t total = std::accumulate(elements.begin(), elements.end(), int64_t{0});
+        if (PyList_Check(inputs.ptr())) {
+          if (options.stream >= 0) {
+            ThrowValueError("internal: packed data pointers are host memory");
           }
-          Request r = NewRequest(kind, names[c], options);
-          r.group = group;
-          r.group_size = group_size;
-          const std::vector<int64_t> elements = MemberLayout(names[c], chunk[4], &r.members);
-          const int64_t total = std::accumulate(elements.begin(), elements.end(), int64_t{0});
-          std::vector<Piece> pieces;
-          auto w = std::make_unique<PyWork>();
-          const TensorEntry* previous = entries.empty() ? nullptr : &entries.back();
-          if (PyList_Check(chunk[2].ptr())) {
-            if (options.stream >= 0) {
-              ThrowValueError("internal: packed data pointers are host memory");
-            }
-            pieces = MemberPieces(names[c], chunk[2], chunk[3], elements);
-            w->input.emplace(owner, pieces.empty() ? 0 : reinterpret_cast<uintptr_t>(pieces[0].out),
-                             std::vector<int64_t>{total}, static_cast<DataType>(dtype));
-          } else {
-            if (!chunk[3].is_none()) {
-              ThrowValueError("internal: a flattened packed chunk is reduced in place");
-            }
-            w->input.emplace(chunk[2], true, dtype, ArgName{"tensor '", r.name, "'"},
-                             options.stream >= 0);
-            if (w->input->view().NumElements() != total || w->input->view().shape.size() != 1) {
-              ThrowValueError("internal: flattened chunk '" + names[c] +
-                              "' is not a 1-d tensor of its members' " + std::to_string(total) +
-                              " elements");
-            }
+          pieces = MemberPieces(name, inputs, outputs, elements);
+          w->input.emplace(owner, pieces.empty() ? 0 : reinterpret_cast<uintptr_t>(pieces[0].out),
+                           std::vector<int64_t>{total}, static_cast<DataType>(dtype));
+        } else {
+          if (!outputs.is_none()) {
+            ThrowValueError("internal: a flattened packed allreduce runs in place");
           }
-          r.dtype = w->dtype = w->input->view().dtype;
-          r.shape = w->input->view().shape;
-          r.on_gpu = w->input->view().device >= 0;
-          entries.push_back(MakeEntry(w.get(), std::move(r), true, route.size, options.stream,
-                                      std::nullopt, previous));
-          entries.back().members = std::move(pieces);
-          works.push_back(std::move(w));
+          w->input.emplace(inputs, true, dtype, ArgName{"tensor '", r.name, "'"},
+                           options.stream >= 0);
+          if (w->input->view().NumElements() != total || w->input->view().shape.size() != 1) {
+            ThrowValueError("internal: flattened '" + name + "' is not a 1-d tensor of its " +
+                            "members' " + std::to_string(total) + " elements");
+          }
         }
+        r.dtype = w->dtype = w->input->view().dtype;
+        r.shape = w->input->view().shape;
+        r.on_gpu = w->input->view().device >= 0;
+        return MakeEntry(w.get(), std::move(r), true, route.size, options.stream, std::nullopt);
       });
-  return EnqueueAll(engine, std::move(works), std::move(entries));
+  entry.members = std::move(pieces);
+  return EnqueueOne(engine, std::move(w), std::move(entry));
 }
 
 // The one way in: `tensors` is a list (one Work per tensor, `names` a
@@ -652,7 +625,8 @@ void RegisterOps(py::module_& m) {
       .def_readwrite("site", &CollectiveOptions::site)
       .def_readwrite("stream", &CollectiveOptions::stream)
       .def_readwrite("process_set", &CollectiveOptions::process_set);
-  m.def("submit_packed", &SubmitPacked, py::arg("owner"), py::arg("chunks"), py::arg("options"));
+  m.def("submit_packed", &SubmitPacked, py::arg("owner"), py::arg("name"), py::arg("dtype"),
+        py::arg("inputs"), py::arg("outputs"), py::arg("shapes"), py::arg("options"));
   m.def("submit", &Submit, py::arg("kind"), py::arg("tensors"), py::arg("names"),
         py::arg("options"), py::arg("outputs") = py::none());
   // Whether submissions should say where they come from (debug log level).

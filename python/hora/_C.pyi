@@ -204,15 +204,13 @@ def submit(
     outputs: _Tensor | None = None,
 ) -> Work: ...
 
-# (name, dtype code, input data pointers, output data pointers or None for
-# in place, shapes): host tensors of one dtype reduced as one packed
-# allreduce.
-_PackedChunk: TypeAlias = tuple[str, int, list[int], list[int] | None, list[Sequence[int]]]
-
-# Packed allreduces, one Work per chunk, released together as one group;
-# owner keeps the memory alive until the Works are released.
-def submit_packed(owner: object, chunks: list[_PackedChunk],
-                  options: CollectiveOptions) -> list[Work]: ...
+# A packed allreduce of tensors of one dtype (a core dtype code), one Work
+# however many: inputs are host data pointers (outputs too, or None for in
+# place) or one flattened tensor of every member (outputs None); shapes are
+# the members'. owner keeps the memory alive until the Work is released.
+def submit_packed(owner: object, name: str, dtype: int, inputs: list[int] | _Tensor,
+                  outputs: list[int] | None, shapes: list[Sequence[int]],
+                  options: CollectiveOptions) -> Work: ...
 
 # Whether submissions should say where they come from (debug log level).
 def records_call_sites() -> bool: ...

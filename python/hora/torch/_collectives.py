@@ -237,11 +237,10 @@ def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set
     request and one Work, however many tensors. By ``"pointers"`` the core
     reads and writes host tensors where they are; ``"flat"`` reduces a
     flattened copy (one DLPack export) on the tensors' device. Returns
-    (works, outputs, finish); ``finish`` puts the results in place (the
-    outputs are then the tensors) or makes the new tensors of an
-    out-of-place call."""
+    (works, finish); ``finish`` puts the results in place and returns the
+    tensors, or returns the new tensors of an out-of-place call."""
     if packing == "flat":
-        return _start_flat(tensors, names, op, prescale, postscale, in_place, process_set)
+        return _start_flat(tensors, names[0], op, prescale, postscale, in_place, process_set)
     inputs, copy_back = [], []
     for t in tensors:
         if t.is_contiguous():
@@ -256,28 +255,33 @@ def _start_packed(tensors, names, op, prescale, postscale, in_place, process_set
     else:
         outputs = [torch.empty_like(x) for x in inputs]
         out_ptrs = [x.data_ptr() for x in outputs]
-    chunk = (names[0], _CORE_DTYPES[inputs[0].dtype], [x.data_ptr() for x in inputs], out_ptrs,
-             [x.shape for x in inputs])
-    works = submission.submit_packed((inputs, outputs), [chunk], op, prescale, postscale,
-                                     process_set)
+    work = submission.submit_packed(
+        (inputs, outputs), names[0], _CORE_DTYPES[inputs[0].dtype],
+        [x.data_ptr() for x in inputs], out_ptrs, [x.shape for x in inputs], op, prescale,
+        postscale, process_set)
 
     def finish():
         with torch.no_grad():
             for target, dense in copy_back:
                 target.copy_(dense)
         return outputs
-    return works, outputs, finish
+    return [work], finish
 
 
-def _start_flat(tensors, names, op, prescale, postscale, in_place, process_set):
+def _submit_flat(flat, name, shapes, op, prescale, postscale, process_set):
+    """Submits ``flat``, a contiguous 1-d tensor holding members of
+    ``shapes`` end to end, as one packed allreduce in place; a CUDA one
+    after the work queued on the current stream. Returns the works."""
+    stream = torch.cuda.current_stream(flat.device).cuda_stream if flat.is_cuda else -1
+    return [submission.submit_packed(flat, name, _CORE_DTYPES[flat.dtype], flat, None, shapes,
+                                     op, prescale, postscale, process_set, stream)]
+
+
+def _start_flat(tensors, name, op, prescale, postscale, in_place, process_set):
     with torch.no_grad():
         flat = torch._C._nn.flatten_dense_tensors(tensors)
-    stream = -1
-    if flat.is_cuda:
-        stream = torch.cuda.current_stream(flat.device).cuda_stream
-    chunk = (names[0], _CORE_DTYPES[flat.dtype], flat, None, [t.shape for t in tensors])
-    works = submission.submit_packed(flat, [chunk], op, prescale, postscale, process_set,
-                                     stream)
+    works = _submit_flat(flat, name, [t.shape for t in tensors], op, prescale, postscale,
+                         process_set)
     results = []
 
     def finish():
@@ -290,7 +294,7 @@ def _start_flat(tensors, names, op, prescale, postscale, in_place, process_set):
                     torch._foreach_copy_(tensors, results)
                 results[:] = tensors
         return results
-    return works, results, finish
+    return works, finish
 
 
 def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_set=0):
@@ -307,8 +311,8 @@ def allreduce_handle(tensors, names, op, prescale, postscale, grouped, process_s
     it can (see :func:`_packing`)."""
     packing = _packing(tensors, op) if grouped and tensors else None
     if packing is not None:
-        works, _, finish = _start_packed(tensors, names, op, prescale, postscale, False,
-                                         process_set, packing)
+        works, finish = _start_packed(tensors, names, op, prescale, postscale, False,
+                                      process_set, packing)
         return Handle(works, lambda ws: finish())
     works, outputs = start_allreduce(tensors, names, op, prescale, postscale, grouped,
                                      process_set)
@@ -332,7 +336,6 @@ def start_bucket(flat, views, grads, name, op, prescale, postscale, process_set=
     writes the views; on a GPU they are copied into the views first and the
     bucket goes as one tensor. Returns a Handle whose result is ``views``."""
     stale = [i for i, (g, v) in enumerate(zip(grads, views)) if g is not v]
-    code = _CORE_DTYPES[flat.dtype]
     shapes = [v.shape for v in views]
     if flat.is_cpu:
         inputs = list(grads)
@@ -343,16 +346,14 @@ def start_bucket(flat, views, grads, name, op, prescale, postscale, process_set=
             for i in odd:
                 inputs[i] = views[i]
         outputs = [v.data_ptr() for v in views] if stale else None
-        chunk = (name, code, [x.data_ptr() for x in inputs], outputs, shapes)
-        works = submission.submit_packed((flat, inputs), [chunk], op, prescale, postscale,
-                                         process_set)
+        works = [submission.submit_packed(
+            (flat, inputs), name, _CORE_DTYPES[flat.dtype], [x.data_ptr() for x in inputs],
+            outputs, shapes, op, prescale, postscale, process_set)]
     else:
         if stale:
             with torch.no_grad():
                 torch._foreach_copy_([views[i] for i in stale], [grads[i] for i in stale])
-        stream = torch.cuda.current_stream(flat.device).cuda_stream
-        works = submission.submit_packed(flat, [(name, code, flat, None, shapes)], op, prescale,
-                                         postscale, process_set, stream)
+        works = _submit_flat(flat, name, shapes, op, prescale, postscale, process_set)
     return Handle(works, lambda ws: views)
 
 
@@ -362,8 +363,8 @@ def start_inplace(kind, tensors, names, op=Sum, root=0, prescale=1.0, postscale=
     copies results back into tensors that had to be made contiguous."""
     packing = _packing(tensors, op) if grouped and kind == KIND_ALLREDUCE and tensors else None
     if packing is not None:
-        works, _, finish = _start_packed(tensors, names, op, prescale, postscale, True,
-                                         process_set, packing)
+        works, finish = _start_packed(tensors, names, op, prescale, postscale, True,
+                                      process_set, packing)
         return works, finish
     buffers, copy_back = [], []
     for tensor in tensors:

@@ -26,6 +26,7 @@ if not hasattr(torch.library, "custom_op"):
                       "custom_op); with this PyTorch, compiled code breaks the graph at each "
                       "hora collective")
 
+from hora.common._adapter.naming import MemberNames
 from hora.common.basics import ReduceOp, rank
 from hora.common.process_sets import ProcessSet, from_id
 from hora.torch import _autograd
@@ -121,9 +122,8 @@ def grouped_allreduce_op(tensors: list[Tensor], name: str, op: int, prescale: fl
     _set(process_set, "grouped_allreduce")
     tensors = check_tensors(tensors, "grouped_allreduce")
     base = name_or_auto(name or None, "grouped_allreduce", process_set)
-    names = [f"{base}.{i}" for i in range(len(tensors))]
-    results = synchronize(allreduce_handle(tensors, names, ReduceOp(op), prescale, postscale,
-                                           True, process_set))
+    results = synchronize(allreduce_handle(tensors, MemberNames(base, len(tensors)),
+                                           ReduceOp(op), prescale, postscale, True, process_set))
     return [_owned(r, t) for r, t in zip(results, tensors)]
 
 
@@ -140,9 +140,9 @@ def grouped_allreduce_backward_op(grads: list[Tensor], saved: list[Tensor], name
     grads = [g.contiguous() for g in grads]
     base = name_or_auto(grad_name(name, bool(name), "grad"), "grouped_allreduce", process_set)
     if op in _SELF_GRADIENT:
-        names = [f"{base}.{i}" for i in range(len(grads))]
-        results = synchronize(allreduce_handle(grads, names, ReduceOp(op), prescale, postscale,
-                                               True, process_set))
+        results = synchronize(allreduce_handle(grads, MemberNames(base, len(grads)),
+                                               ReduceOp(op), prescale, postscale, True,
+                                               process_set))
     else:
         results = [_autograd.allreduce_grad(g, x, ReduceOp(op), prescale, postscale,
                                             f"{base}.{i}", ps, process_set)

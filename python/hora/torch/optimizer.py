@@ -206,8 +206,8 @@ class _DistributedOptimizer(SynchronizeSwitch):
                 continue
             position = message.split(f"'{group}.", 1)[1].split("'", 1)[0]
             if message.startswith("Mismatched shape of member "):
-                # a packed submission (one dtype on the host) names the
-                # member by its place in the group
+                # a packed submission names the member by its place in
+                # the group
                 position = message[len("Mismatched shape of member "):].split(" ", 1)[0]
             if position.isdigit() and int(position) < len(members):
                 parameter = self._parameter_names.get(members[int(position)][0], "?")

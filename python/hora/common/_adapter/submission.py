@@ -155,23 +155,22 @@ def submit_one_host(kind: int, name: str, owner: Any, data_ptr: int, shape: Sequ
                                      process_set))
 
 
-def submit_packed(owner: Any, chunks: Sequence[tuple[str, int, Any, list[int] | None,
-                                                    list[Sequence[int]]]],
-                  op: int, prescale: float, postscale: float, process_set: int = 0,
-                  stream: int = -1) -> list[Any]:
-    """Submits tensors of one dtype as packed allreduces, released together
-    as one group: each chunk is ``(name, dtype code, inputs, outputs,
-    shapes)``, where the inputs are host data pointers (outputs too, or
-    None for in place) or one flattened tensor of every member (outputs
-    None; ``stream`` is the CUDA stream that produced a GPU one). One
-    request and one Work per chunk however many tensors it holds; ``owner``
-    keeps the memory alive until the Works are released."""
+def submit_packed(owner: Any, name: str, dtype_code: int, inputs: Any,
+                  outputs: list[int] | None, shapes: list[Sequence[int]], op: int,
+                  prescale: float, postscale: float, process_set: int = 0,
+                  stream: int = -1) -> Any:
+    """Submits tensors of one dtype as one packed allreduce: ``inputs`` are
+    host data pointers (``outputs`` too, or None for in place) or one
+    flattened tensor of every member (``outputs`` None; ``stream`` is the
+    CUDA stream that produced a GPU one), ``shapes`` the members'. One
+    request and one Work however many tensors; ``owner`` keeps the memory
+    alive until the Work is released. Returns the Work."""
     if call_site.recording:
         made = options(op, 0, prescale, postscale, in_place=True, grouped=True, stream=stream,
                        process_set=process_set)
     else:
         made = _shared_options(op, 0, prescale, postscale, True, True, stream, -1, process_set)
-    return _C.submit_packed(owner, list(chunks), made)
+    return _C.submit_packed(owner, name, dtype_code, inputs, outputs, shapes, made)
 
 
 def join() -> int:
