@@ -87,12 +87,22 @@ bool AllreduceRouter::RingFor(int64_t bytes) const {
 
 Status AllreduceRouter::Run(const Piece* pieces, size_t n, DataType dtype, ReduceOp op,
                             double prescale, double factor) {
-  const bool half = IsHalf(dtype);
-  // What the transport reduces: half types are widened to float32.
-  const DataType wire = half ? DataType::kFloat32 : dtype;
-  const int64_t element = DataTypeSize(wire);
   int64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += pieces[i].count;
+  // What the transport reduces: half types are widened to float32, except
+  // on the ring between hosts, where the link is what costs and halves
+  // travel as they are (the ring reduces each piece in float32).
+  const bool half_ring =
+      IsHalf(dtype) && Choose(total * DataTypeSize(dtype)) == AllreducePath::kRing;
+  const bool half = IsHalf(dtype) && !half_ring;
+  if (half_ring && (op == ReduceOp::kSum || op == ReduceOp::kAverage) && factor != 1.0) {
+    // An average (or a scaled sum) divides before the sum, so that a sum
+    // of half values near their limit does not overflow on the way.
+    prescale *= factor;
+    factor = 1.0;
+  }
+  const DataType wire = half ? DataType::kFloat32 : dtype;
+  const int64_t element = DataTypeSize(wire);
   // Every rank takes the same branch: each depends only on arguments all
   // ranks share (the shared-memory paths scale the sub-slice each rank
   // owns, so a rank that staged while another did not would mix scalings).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "hora/algo/host_kernels.h"
 #include "hora/algo/kernels/kernel_set.h"
 
 namespace hora {
@@ -159,8 +160,12 @@ Status RingAllreduce::RunSteps(Communicator* comm, const RingSchedule& ring, int
     for (int p = 0; p < ring.pieces(block); ++p) {
       HORA_RETURN_IF_ERROR(comm->Wait(arrivals[p]));
       if (ring.reducing(t)) {
-        k.reduce_into(at(block, p), scratch_.data() + static_cast<int64_t>(p) * piece * element,
-                      ring.piece_count(block, p), dtype, op);
+        const char* arrived = scratch_.data() + static_cast<int64_t>(p) * piece * element;
+        if (IsHalf(dtype)) {
+          ReduceHalf(at(block, p), arrived, ring.piece_count(block, p), dtype, op);
+        } else {
+          k.reduce_into(at(block, p), arrived, ring.piece_count(block, p), dtype, op);
+        }
       }
       if (last) continue;
       HORA_RETURN_IF_ERROR(post_send(t + 1, p));
@@ -174,6 +179,19 @@ Status RingAllreduce::RunSteps(Communicator* comm, const RingSchedule& ring, int
     arrivals.swap(next_arrivals);
   }
   return comm->WaitAll();
+}
+
+void RingAllreduce::ReduceHalf(void* acc, const void* other, int64_t count, DataType dtype,
+                               ReduceOp op) {
+  const KernelSet& k = Kernels();
+  if (static_cast<int64_t>(half_acc_.size()) < count) {
+    half_acc_.resize(static_cast<size_t>(count));
+    half_other_.resize(static_cast<size_t>(count));
+  }
+  k.widen(acc, half_acc_.data(), count, dtype, 1.0);
+  k.widen(other, half_other_.data(), count, dtype, 1.0);
+  k.reduce_into(half_acc_.data(), half_other_.data(), count, DataType::kFloat32, op);
+  k.narrow(half_acc_.data(), acc, count, dtype, 1.0);
 }
 
 }  // namespace hora
