@@ -141,6 +141,11 @@ step bench-torch-synthetic 120 "$python" -m hora.bench torch-synthetic --cuda --
 step bench-torch-transformer 90 "$python" -m hora.bench torch-synthetic --cuda --model transformer \
   --batch-size 128 --compare ddp --num-warmup-batches 5 --num-iters 8 \
   --json "$out/torch_transformer.json"
+# compiled training: hora.torch.compile (graph cut at the buckets), plain
+# torch.compile and DDP's DDPOptimizer
+step bench-torch-compiled 240 "$python" -m hora.bench torch-synthetic --cuda --model resnet18 \
+  --image-size 224 --batch-size 64 --compile --compare ddp,hora_whole_graph \
+  --num-warmup-batches 5 --num-iters 8 --json "$out/torch_compiled.json"
 step bench-sharding-cpu 120 horarun -np 2 "$python" -m hora.bench sharding --measure throughput \
   --compare ddp_zero,fsdp2 --num-iters 5 --json "$out/sharding.json"
 # peak GPU memory per rank of replicated and sharded training (ZeRO-1/2/3),

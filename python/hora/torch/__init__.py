@@ -20,6 +20,7 @@ from hora.common.basics import (
 from hora.common.exceptions import (
     HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError, HoraShutdownError,
     HoraTimeoutError, HoraTypeError, HorovodInternalError, HostsUpdatedInterrupt)
+from hora.torch._compile import compile
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
@@ -44,7 +45,7 @@ __all__ = [
     "Product", "ReduceOp", "Sum", "SyncBatchNorm", "add_process_set", "allgather",
     "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
-    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "barrier", "broadcast", "compile", "broadcast_", "broadcast_async", "broadcast_async_",
     "broadcast_object", "elastic", "broadcast_optimizer_state", "broadcast_parameters",
     "build_info", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
     "declare_elementwise",
