@@ -4,7 +4,7 @@ Run on two ranks:  horarun -np 2 python examples/pytorch/train_digits.py
 (or python -m hora.runner -np 2 ...). Resume after an interruption with the
 same --checkpoint path. --cuda trains on GPU local_rank (ranks share the GPUs
 in turn when there are fewer GPUs than ranks); --fp16-allreduce sends the
-gradients as float16.
+gradients as float16; --powersgd-rank R compresses them with PowerSGD.
 
 The data are scikit-learn's bundled 8x8 digits (1797 images, nothing to
 download; pip install scikit-learn). Without scikit-learn the script falls
@@ -100,7 +100,13 @@ def main():
                         help="train on GPU local_rank (modulo the GPUs there are)")
     parser.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as float16 (hvd.Compression.fp16)")
+    parser.add_argument("--powersgd-rank", type=int, default=0,
+                        help="compress gradients with hvd.Compression.powersgd(rank=R) after "
+                             "--powersgd-start uncompressed steps (0: off)")
+    parser.add_argument("--powersgd-start", type=int, default=10)
     args = parser.parse_args()
+    if args.powersgd_rank and args.fp16_allreduce:
+        parser.error("choose one of --fp16-allreduce and --powersgd-rank")
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -121,6 +127,9 @@ def main():
     model = DigitNet().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    if args.powersgd_rank:
+        compression = hvd.Compression.powersgd(rank=args.powersgd_rank,
+                                               start_iter=args.powersgd_start)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 

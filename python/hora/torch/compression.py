@@ -50,8 +50,19 @@ class BF16Compressor(_CastCompressor):
 
 class Compression:
     """The available compressors: ``Compression.none``, ``Compression.fp16``
-    and ``Compression.bf16``."""
+    and ``Compression.bf16`` (classes, as in Horovod), and
+    ``Compression.powersgd(...)``, which makes a stateful compressor for
+    ``DistributedOptimizer`` (:mod:`hora.torch.powersgd`)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+    @staticmethod
+    def powersgd(rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
+                 error_feedback: bool = True, seed: int = 0):
+        """A new PowerSGD compressor (low rank ``rank``, error feedback, an
+        uncompressed warm-up of ``start_iter`` steps) for one
+        ``DistributedOptimizer``; see :mod:`hora.torch.powersgd`."""
+        from hora.torch.powersgd import PowerSGD
+        return PowerSGD(rank, start_iter, min_compression_rate, error_feedback, seed)

@@ -165,6 +165,13 @@ class _DistributedOptimizer(SynchronizeSwitch):
                 set_id(self._hora_process_set, "DistributedOptimizer"))
             return ("bucket", handle, list(zip(params, views)), was_sparse,
                     self._hora_unit_names[index])
+        if getattr(self._hora_compression, "stateful", False):
+            # PowerSGD: two collectives, the second started in synchronize()
+            name = self._hora_unit_names[index] if grouped else self._hora_names[params[0]]
+            round_ = self._hora_compression.start(
+                [(self._hora_names[p], p.grad) for p in params], name, self._hora_op,
+                self._hora_process_set)
+            return ("powersgd", round_.handle, round_, was_sparse, None)
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
         if grouped:
@@ -223,6 +230,10 @@ class _DistributedOptimizer(SynchronizeSwitch):
             if kind == "sparse":
                 members[0].grad = result
                 return
+            if kind == "powersgd":
+                for p in was_sparse:
+                    p.grad = p.grad.to_sparse()
+                return
             if kind == "bucket":
                 for p, view in members:
                     if p.grad is not view:
@@ -273,6 +284,14 @@ class _DistributedOptimizer(SynchronizeSwitch):
             self._hora_ready.clear()
             for p in self._hora_delay:
                 self._hora_delay[p] = self.backward_passes_per_step
+        rounds = [entry[2] for entry in entries if entry[0] == "powersgd"]
+        if rounds:
+            compression = self._hora_compression
+            for round_ in rounds:
+                compression.start_second(round_)
+            for round_ in rounds:
+                compression.finish(round_)
+            compression.end_step()
         for entry, result in zip(entries, results):
             self._hora_finish(entry, result)
         self._hora_synchronized = True
@@ -553,6 +572,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                              f"buckets (set their size with bucket_bytes)")
     passes = check_backward_passes(backward_passes_per_step, what)
     names = _parameter_names(optimizer, named_parameters)
+    if getattr(policy.compression, "stateful", False):
+        policy.compression.check(names, policy.op, sharding)
     for p in names:
         if p.requires_grad and not p.is_leaf:
             raise ValueError("DistributedOptimizer: the optimizer holds a non-leaf tensor")

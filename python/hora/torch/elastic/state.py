@@ -57,6 +57,11 @@ class _StateDictState:
 class _OptimizerState(_StateDictState):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+        # a stateful compressor (PowerSGD) starts again in the new world:
+        # its errors were the old ranks' own, and its Q must match everywhere
+        compression = getattr(self.value, "_hora_compression", None)
+        if getattr(compression, "stateful", False):
+            compression.reset()
 
 
 class _ShardedOptimizerState:

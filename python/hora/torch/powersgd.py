@@ -1,0 +1,247 @@
+"""PowerSGD gradient compression (Vogels et al., 2019) for
+``DistributedOptimizer``: ``compression=hvd.Compression.powersgd(rank=1)``.
+
+Each gradient with a matrix shape ``(n, m)`` (a tensor of more dimensions
+is read as ``(shape[0], the rest)``) travels as two thin matrices of rank
+``r``: per step, with ``M`` the gradient plus the error this rank left out
+the step before (error feedback),
+
+1. ``P = M Q``, averaged over the ranks (``Q``, ``m x r``, is the previous
+   step's, the same on every rank: a warm start);
+2. ``P`` orthonormalized (Gram-Schmidt), the same on every rank;
+3. ``Q = M^T P``, averaged over the ranks;
+4. the gradient becomes ``P Q^T`` (the same on every rank) and this rank
+   keeps ``M - P Q^T`` as its error for the next step.
+
+So ``(n + m) r`` numbers cross the wire instead of ``n m``. Vectors (biases,
+norms) and matrices that would not shrink by ``min_compression_rate`` are
+averaged as they are, in the same collective as the ``P`` matrices. For
+the first ``start_iter`` steps every gradient is averaged uncompressed.
+
+The state (``Q`` and the errors, per gradient) lives in the compressor
+object: use one ``Compression.powersgd(...)`` per optimizer. It is not part
+of the optimizer's ``state_dict``; an elastic job resets it whenever the
+world changes (the errors are this rank's own, and a new world starts from
+the same ``Q`` everywhere).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from hora.common.basics import Average, ReduceOp, Sum
+from hora.common.compression import Compressor
+
+_EPSILON = 1e-8
+
+
+def _orthonormalize(matrix: torch.Tensor) -> None:
+    """Gram-Schmidt on the columns of ``matrix``, in place (a zero column
+    stays zero rather than dividing by nothing)."""
+    for i in range(matrix.shape[1]):
+        column = matrix[:, i:i + 1]
+        column.div_(column.norm() + _EPSILON)
+        if i + 1 < matrix.shape[1]:
+            rest = matrix[:, i + 1:]
+            rest.sub_(column * (column * rest).sum(dim=0, keepdim=True))
+
+
+class _Matrix:
+    """One gradient compressed in a round: its matrix ``M`` (gradient plus
+    error), its ``P`` and the ``Q`` that will travel."""
+
+    __slots__ = ("name", "grad", "state", "matrix", "p", "q")
+
+    def __init__(self, name, grad, state, matrix, p):
+        self.name, self.grad, self.state, self.matrix, self.p = name, grad, state, matrix, p
+        self.q = None
+
+
+class _Round:
+    """One unit's reduction in a step: the first collective's handle
+    (``P`` matrices and uncompressed gradients together), then the second's
+    (``Q`` matrices)."""
+
+    __slots__ = ("name", "matrices", "plain", "handle", "second", "op", "process_set")
+
+    def __init__(self, name, matrices, plain, handle, op, process_set):
+        self.name, self.matrices, self.plain, self.handle = name, matrices, plain, handle
+        self.second = None
+        self.op, self.process_set = op, process_set
+
+
+class PowerSGD(Compressor):
+    """The PowerSGD compressor; make one with
+    ``hvd.Compression.powersgd(rank=1, start_iter=10)``."""
+
+    stateful = True  # DistributedOptimizer hands whole units to start()/finish()
+
+    def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
+                 error_feedback: bool = True, seed: int = 0):
+        for label, value, low in (("rank", rank, 1), ("start_iter", start_iter, 0),
+                                  ("seed", seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"Compression.powersgd: {label} must be an int >= {low}, got "
+                                 f"{value!r}")
+        if (isinstance(min_compression_rate, bool)
+                or not isinstance(min_compression_rate, (int, float))
+                or not min_compression_rate >= 1):
+            raise ValueError(f"Compression.powersgd: min_compression_rate must be a number >= 1, "
+                             f"got {min_compression_rate!r}")
+        self.rank = rank
+        self.start_iter = start_iter
+        self.min_compression_rate = float(min_compression_rate)
+        self.error_feedback = bool(error_feedback)
+        self.seed = seed
+        self.iteration = 0  # steps completed
+        self._state: dict[str, dict[str, Any]] = {}  # gradient name -> q, error
+
+    def __repr__(self):
+        return (f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
+                f"min_compression_rate={self.min_compression_rate:g}, "
+                f"error_feedback={self.error_feedback})")
+
+    # --- Horovod's Compressor interface: one collective cannot carry PowerSGD
+
+    def compress(self, tensor):
+        raise ValueError("Compression.powersgd compresses DistributedOptimizer's gradients (two "
+                         "allreduces per step and state kept between steps); a single "
+                         "collective takes Compression.none, fp16 or bf16")
+
+    def decompress(self, tensor, ctx):
+        raise ValueError("Compression.powersgd has no decompress of its own: it works inside "
+                         "DistributedOptimizer")
+
+    # --- checks at DistributedOptimizer's construction ------------------------
+
+    def check(self, names: dict, op: ReduceOp, sharding: str | None) -> None:
+        """Raises ``ValueError`` for what PowerSGD cannot reduce."""
+        if sharding:
+            raise ValueError(f"DistributedOptimizer: compression={self!r} cannot be combined "
+                             f"with sharding={sharding!r} (sharded gradients are "
+                             f"reduce-scattered, not averaged whole)")
+        if op not in (Average, Sum):
+            raise ValueError(f"DistributedOptimizer: compression={self!r} averages or sums; "
+                             f"op={ReduceOp(op).name} cannot be compressed that way")
+        for p, name in names.items():
+            if p.requires_grad and not p.dtype.is_floating_point:
+                raise ValueError(f"DistributedOptimizer: compression={self!r} needs floating-"
+                                 f"point gradients; parameter '{name}' is {p.dtype}")
+
+    def reset(self) -> None:
+        """Forgets ``Q``, the errors and the step count (every rank must do
+        it at the same step: a new world, for instance)."""
+        self._state.clear()
+        self.iteration = 0
+
+    # --- one unit's reduction -------------------------------------------------
+
+    def _shape(self, grad: torch.Tensor) -> tuple[int, int] | None:
+        """The matrix shape ``grad`` is compressed as, or None to send it
+        as it is."""
+        if self.iteration < self.start_iter or grad.dim() < 2 or grad.is_sparse:
+            return None
+        n = grad.shape[0]
+        m = grad.numel() // n if n else 0
+        rank = min(self.rank, n, m)
+        if rank == 0 or n * m < self.min_compression_rate * (n + m) * rank:
+            return None
+        return n, m
+
+    def _state_of(self, name: str, grad: torch.Tensor, n: int, m: int) -> dict[str, Any]:
+        state = self._state.get(name)
+        rank = min(self.rank, n, m)
+        if (state is None or state["q"].shape != (m, rank) or state["q"].dtype != grad.dtype
+                or state["q"].device != grad.device):
+            # the same Q on every rank: seeded by the gradient's name
+            generator = torch.Generator().manual_seed(self.seed ^ zlib.crc32(name.encode()))
+            q = torch.randn(m, rank, generator=generator, dtype=torch.float64)
+            q = q.to(dtype=grad.dtype, device=grad.device)
+            state = {"q": q, "error": torch.zeros(n, m, dtype=grad.dtype, device=grad.device)}
+            self._state[name] = state
+        return state
+
+    def start(self, named_grads: list[tuple[str, torch.Tensor]], name: str, op: ReduceOp,
+              process_set) -> _Round:
+        """Starts the first collective of a unit's gradients: the ``P``
+        matrices and the gradients sent as they are."""
+        matrices, plain = [], []
+        with torch.no_grad():
+            for grad_name, grad in named_grads:
+                shape = self._shape(grad)
+                if shape is None:
+                    plain.append(grad)
+                    continue
+                state = self._state_of(grad_name, grad, *shape)
+                matrix = grad.reshape(shape)
+                if self.error_feedback:
+                    matrix = matrix + state["error"]
+                matrices.append(_Matrix(grad_name, grad, state, matrix, matrix @ state["q"]))
+        from hora.torch import mpi_ops
+        tensors = [m.p for m in matrices] + plain
+        handle = mpi_ops.grouped_allreduce_async_(
+            tensors, name=f"{name}.powersgd.p", op=Average if matrices or op == Average else Sum,
+            process_set=process_set) if tensors else None
+        return _Round(name, matrices, plain, handle, op, process_set)
+
+    def start_second(self, round_: _Round) -> None:
+        """After the first collective: orthonormalizes each ``P`` and starts
+        averaging the ``Q`` matrices."""
+        if not round_.matrices:
+            return
+        from hora.torch import mpi_ops
+        with torch.no_grad():
+            for m in round_.matrices:
+                _orthonormalize(m.p)
+                m.q = m.matrix.t() @ m.p
+            round_.second = mpi_ops.grouped_allreduce_async_(
+                [m.q for m in round_.matrices], name=f"{round_.name}.powersgd.q", op=Average,
+                process_set=round_.process_set)
+
+    def finish(self, round_: _Round) -> None:
+        """After the second collective: writes each gradient's ``P Q^T``
+        and keeps this rank's error and the new ``Q``."""
+        from hora.torch import mpi_ops
+        from hora.torch._collectives import set_size
+        scale = None
+        if round_.op == Sum and round_.matrices:
+            scale = float(set_size(round_.process_set))
+        with torch.no_grad():
+            if scale is not None:
+                for grad in round_.plain:  # averaged with the P matrices
+                    grad.mul_(scale)
+            if round_.second is not None:
+                mpi_ops.synchronize(round_.second)
+            for m in round_.matrices:
+                approximation = m.p @ m.q.t()
+                if self.error_feedback:
+                    torch.sub(m.matrix, approximation, out=m.state["error"])
+                m.state["q"] = m.q
+                if scale is not None:
+                    approximation.mul_(scale)
+                m.grad.copy_(approximation.view(m.grad.shape))
+
+    def end_step(self) -> None:
+        """Counts a step (for ``start_iter``)."""
+        self.iteration += 1
+
+    def wire_elements(self, shapes: list[torch.Size]) -> int:
+        """How many numbers one compressed step sends for gradients of
+        ``shapes`` (for reports: what each rank contributes to the two
+        collectives)."""
+        total = 0
+        for shape in shapes:
+            n = shape[0] if len(shape) else 1
+            numel = 1
+            for d in shape:
+                numel *= d
+            m = numel // n if n else 0
+            rank = min(self.rank, n, m)
+            if (len(shape) >= 2 and rank and n * m >= self.min_compression_rate * (n + m) * rank):
+                total += (n + m) * rank
+            else:
+                total += numel
+        return total

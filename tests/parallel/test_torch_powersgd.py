@@ -1,0 +1,185 @@
+"""``Compression.powersgd`` in DistributedOptimizer: after the uncompressed
+warm-up each compressible gradient becomes the rank-r approximation
+``P Q^T`` of the ranks' average (with each rank's error fed back), the
+same on every rank, and equal to a NumPy reference that simulates every
+rank; vectors and matrices too small to shrink are averaged as they are."""
+
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hora.torch as hvd  # noqa: E402
+
+# name -> shape; with rank 1 "w" and "conv" (4 x 18) are compressed, with rank 2
+# only "w" (4 x 18 would not shrink by 2); "bias"
+# (a vector) and "small" (2 x 2 would not shrink) are sent as they are
+SHAPES = {"w": (12, 10), "conv": (4, 2, 3, 3), "bias": (5,), "small": (2, 2)}
+EPSILON = 1e-8
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        for name, shape in SHAPES.items():
+            setattr(self, name, torch.nn.Parameter(torch.zeros(shape)))
+
+
+def gradient(name, rank, step, passes=1):
+    """The gradient rank ``rank`` accumulates for ``name`` at ``step`` over
+    ``passes`` backward passes."""
+    return sum(np.random.default_rng(1000 * (step * passes + i) + 10 * rank
+                                     + list(SHAPES).index(name)).standard_normal(SHAPES[name])
+               for i in range(passes))
+
+
+def compressed_shape(shape, rank):
+    if len(shape) < 2:
+        return None
+    n = shape[0]
+    m = int(np.prod(shape)) // n
+    r = min(rank, n, m)
+    return (n, m) if n * m >= 2 * (n + m) * r else None
+
+
+def orthonormalize(p):
+    for i in range(p.shape[1]):
+        p[:, i] /= np.linalg.norm(p[:, i]) + EPSILON
+        for j in range(i + 1, p.shape[1]):
+            p[:, j] -= p[:, i] * (p[:, i] @ p[:, j])
+
+
+def reference(size, steps, start_iter, rank, passes=1):
+    """Every step's reduced gradients and every rank's errors, simulated in
+    float64 for all ranks."""
+    q, errors, results = {}, {}, []
+    for step in range(steps):
+        out = {}
+        for name, shape in SHAPES.items():
+            grads = [gradient(name, k, step, passes) for k in range(size)]
+            matrix_shape = compressed_shape(shape, rank)
+            if step < start_iter or matrix_shape is None:
+                out[name] = np.mean(grads, axis=0)
+                continue
+            n, m = matrix_shape
+            if name not in q:
+                generator = torch.Generator().manual_seed(zlib.crc32(f"allreduce.{name}".encode()))
+                q[name] = torch.randn(m, min(rank, n, m), generator=generator,
+                                      dtype=torch.float64).numpy()
+                errors[name] = [np.zeros((n, m)) for _ in range(size)]
+            matrices = [g.reshape(n, m) + errors[name][k] for k, g in enumerate(grads)]
+            p = np.mean([mat @ q[name] for mat in matrices], axis=0)
+            orthonormalize(p)
+            q[name] = np.mean([mat.T @ p for mat in matrices], axis=0)
+            approximation = p @ q[name].T
+            errors[name] = [mat - approximation for mat in matrices]
+            out[name] = approximation.reshape(shape)
+        results.append(out)
+    return results, errors
+
+
+def train(rank, steps, compression, op=hvd.Average, passes=1, **kwargs):
+    net = Net()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.0),
+                                   named_parameters=net.named_parameters(),
+                                   compression=compression, op=op,
+                                   backward_passes_per_step=passes, **kwargs)
+    seen = []
+    for step in range(steps):
+        opt.zero_grad()
+        for i in range(passes):
+            loss = sum((getattr(net, name) * torch.tensor(
+                gradient(name, rank, step * passes + i), dtype=torch.float32)).sum()
+                for name in SHAPES)
+            loss.backward()
+        opt.step()
+        seen.append({name: getattr(net, name).grad.double().numpy().copy() for name in SHAPES})
+    return opt, seen
+
+
+@pytest.mark.parametrize("rank_r", [1, 2])
+def test_matches_the_reference_on_every_rank(rank, size, rank_r):
+    steps, start_iter = 5, 2
+    compression = hvd.Compression.powersgd(rank=rank_r, start_iter=start_iter)
+    opt, seen = train(rank, steps, compression, bucket_bytes=0)
+    expected, errors = reference(size, steps, start_iter, rank_r)
+    for step in range(steps):
+        for name in SHAPES:
+            np.testing.assert_allclose(seen[step][name], expected[step][name], rtol=2e-4,
+                                       atol=2e-5, err_msg=f"step {step}, {name}")
+    for name, per_rank in errors.items():
+        kept = compression._state[f"allreduce.{name}"]["error"].double().numpy()
+        np.testing.assert_allclose(kept, per_rank[rank], rtol=2e-4, atol=2e-5)
+    assert set(errors) == ({"w", "conv"} if rank_r == 1 else {"w"})
+    # identical on every rank, bit for bit
+    flat = torch.cat([torch.from_numpy(seen[-1][name]).reshape(-1) for name in SHAPES])
+    for other in hvd.allgather(flat.unsqueeze(0), name="powersgd.check"):
+        assert torch.equal(other, flat)
+
+
+def test_buckets_and_sum(rank, size):
+    # the gradients reduced together in one bucket, summed rather than averaged
+    steps, start_iter = 4, 1
+    _, seen = train(rank, steps, hvd.Compression.powersgd(start_iter=start_iter), op=hvd.Sum)
+    expected, _ = reference(size, steps, start_iter, 1)
+    for step in range(steps):
+        for name in SHAPES:
+            np.testing.assert_allclose(seen[step][name], size * expected[step][name],
+                                       rtol=2e-4, atol=2e-5, err_msg=f"step {step}, {name}")
+
+
+def test_accumulated_passes_in_a_process_set(rank, size):
+    # two backward passes per step, among ranks 0 and 1 only (below 3 ranks,
+    # that is every rank: the global set)
+    members = [0, 1] if size > 2 else list(range(size))
+    process_set = hvd.add_process_set(members) if size > 2 else hvd.global_process_set
+    try:
+        if rank in members:
+            steps, start_iter = 3, 1
+            _, seen = train(rank, steps, hvd.Compression.powersgd(start_iter=start_iter),
+                            passes=2, process_set=process_set)
+            expected, _ = reference(len(members), steps, start_iter, 1, passes=2)
+            for step in range(steps):
+                for name in SHAPES:
+                    np.testing.assert_allclose(seen[step][name], expected[step][name],
+                                               rtol=2e-4, atol=2e-5,
+                                               err_msg=f"step {step}, {name}")
+    finally:
+        if size > 2:
+            hvd.remove_process_set(process_set)
+
+
+def test_warm_up_is_plain_averaging(rank, size):
+    _, seen = train(rank, 3, hvd.Compression.powersgd(start_iter=10))
+    for step in range(3):
+        for name in SHAPES:
+            average = np.mean([gradient(name, k, step) for k in range(size)], axis=0)
+            np.testing.assert_allclose(seen[step][name], average, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_arguments_raise():
+    for kwargs, text in (({"rank": 0}, "rank must be an int >= 1"),
+                         ({"rank": 1.5}, "rank must be an int >= 1"),
+                         ({"start_iter": -1}, "start_iter must be an int >= 0"),
+                         ({"min_compression_rate": 0.5}, "min_compression_rate must be")):
+        with pytest.raises(ValueError, match=text):
+            hvd.Compression.powersgd(**kwargs)
+    net = Net()
+    with pytest.raises(ValueError, match="cannot be combined with sharding"):
+        hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                 named_parameters=net.named_parameters(),
+                                 compression=hvd.Compression.powersgd(), sharding="gradients")
+    with pytest.raises(ValueError, match="op=Adasum cannot be compressed"):
+        hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                 named_parameters=net.named_parameters(),
+                                 compression=hvd.Compression.powersgd(), op=hvd.Adasum)
+    complex_weight = torch.nn.Parameter(torch.ones(4, 4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="parameter 'z' is torch.complex64"):
+        hvd.DistributedOptimizer(torch.optim.SGD([complex_weight], lr=0.1),
+                                 named_parameters=[("z", complex_weight)],
+                                 compression=hvd.Compression.powersgd())
+    with pytest.raises(ValueError, match="a single collective takes Compression.none"):
+        hvd.allreduce(torch.ones(3), name="powersgd.single",
+                      compression=hvd.Compression.powersgd())
