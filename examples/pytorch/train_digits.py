@@ -4,7 +4,8 @@ Run on two ranks:  horarun -np 2 python examples/pytorch/train_digits.py
 (or python -m hora.runner -np 2 ...). Resume after an interruption with the
 same --checkpoint path. --cuda trains on GPU local_rank (ranks share the GPUs
 in turn when there are fewer GPUs than ranks); --fp16-allreduce sends the
-gradients as float16; --powersgd-rank R compresses them with PowerSGD.
+gradients as float16; --powersgd-rank R compresses them with PowerSGD;
+--local-steps H averages the parameters every H steps instead (local SGD).
 
 The data are scikit-learn's bundled 8x8 digits (1797 images, nothing to
 download; pip install scikit-learn). Without scikit-learn the script falls
@@ -103,10 +104,14 @@ def main():
     parser.add_argument("--powersgd-rank", type=int, default=0,
                         help="compress gradients with hvd.Compression.powersgd(rank=R) after "
                              "--powersgd-start uncompressed steps (0: off)")
-    parser.add_argument("--powersgd-start", type=int, default=10)
+    parser.add_argument("--powersgd-start", type=int, default=10,
+                        help="uncompressed steps before PowerSGD starts")
+    parser.add_argument("--local-steps", type=int, default=1,
+                        help="local SGD: average the parameters every H steps instead of the "
+                             "gradients every step (1: off)")
     args = parser.parse_args()
-    if args.powersgd_rank and args.fp16_allreduce:
-        parser.error("choose one of --fp16-allreduce and --powersgd-rank")
+    if sum([args.fp16_allreduce, args.powersgd_rank > 0, args.local_steps > 1]) > 1:
+        parser.error("choose one of --fp16-allreduce, --powersgd-rank and --local-steps")
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -131,7 +136,7 @@ def main():
         compression = hvd.Compression.powersgd(rank=args.powersgd_rank,
                                                start_iter=args.powersgd_start)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression, local_steps=args.local_steps)
 
     first_epoch = 0
     if rank == 0 and args.checkpoint and os.path.exists(args.checkpoint):

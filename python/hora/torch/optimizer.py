@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hora.common._adapter.handles import wait_all
-from hora.common.basics import Adasum, ReduceOp
+from hora.common.basics import Adasum, Average, ReduceOp
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraError
 from hora.common.gradient_policy import (
@@ -41,6 +41,7 @@ from hora.torch._collectives import (
     start_bucket)
 from hora.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from hora.torch.compression import Compression
+from hora.torch.local_sgd import _LocalSGDOptimizer
 from hora.torch.sharded_optimizer import SHARDED_BUCKET_BYTES, _ShardedOptimizer
 from hora.torch.parameter_sharding import find_units
 from hora.torch.sharding_checks import (
@@ -447,7 +448,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          bucket_bytes: int | None = None,
                          sharding: str | None = None,
                          replica_process_set: ProcessSet | None = None,
-                         model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+                         model: torch.nn.Module | None = None,
+                         local_steps: int = 1,
+                         outer_optimizer: Any = None) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` applies gradients reduced over
     all ranks (averaged by default).
 
@@ -537,6 +540,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             them after; every other parameter is gathered for the whole
             forward of ``model``.
 
+    local_steps (hora's, keyword only): with ``H > 1``, local SGD: each
+    rank steps on its own gradients (none is reduced) and the parameters
+    are averaged over the ranks after every ``H`` steps
+    (:mod:`hora.torch.local_sgd`). ``outer_optimizer``, a function making
+    a ``torch.optim.Optimizer`` over the tensors it is given, applies each
+    average as DiLoCo does (for example ``lambda ps: torch.optim.SGD(ps,
+    lr=0.7, momentum=0.9, nesterov=True)``).
+
     Parameters whose gradient is never produced on some rank are reduced
     with zeros there, so no rank hangs. Raises ``TypeError`` when
     ``optimizer`` is not a torch optimizer, ``ValueError`` for duplicate,
@@ -555,7 +566,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, (_DistributedOptimizer, _DistributedAdasumOptimizer,
-                              _ShardedOptimizer)):
+                              _ShardedOptimizer, _LocalSGDOptimizer)):
         raise ValueError("this optimizer is already a hora DistributedOptimizer")
     stage = check_sharding(sharding)
     check_model(model, stage)
@@ -572,6 +583,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                              f"buckets (set their size with bucket_bytes)")
     passes = check_backward_passes(backward_passes_per_step, what)
     names = _parameter_names(optimizer, named_parameters)
+    if (isinstance(local_steps, bool) or not isinstance(local_steps, int)
+            or local_steps < 1):
+        raise ValueError(f"DistributedOptimizer: local_steps must be an int >= 1, got "
+                         f"{local_steps!r}")
+    if outer_optimizer is not None and local_steps == 1:
+        raise ValueError("DistributedOptimizer: outer_optimizer applies local SGD's averages; "
+                         "pass local_steps > 1 too")
+    if outer_optimizer is not None and not callable(outer_optimizer):
+        raise TypeError(f"DistributedOptimizer: outer_optimizer must be a function making an "
+                        f"optimizer over the tensors it is given, got {outer_optimizer!r}")
+    if local_steps > 1:
+        return _local_sgd_optimizer(optimizer, names, local_steps, outer_optimizer, policy,
+                                    sharding, process_set)
     if getattr(policy.compression, "stateful", False):
         policy.compression.check(names, policy.op, sharding)
     for p in names:
@@ -637,6 +661,32 @@ def _rewrap(optimizer, mixin, classes, names, process_set):
     wrapped._parameter_names = names
     wrapped.process_set = process_set  # Horovod's attribute
     return wrapped
+
+
+def _local_sgd_optimizer(optimizer, names, local_steps, outer_optimizer, policy, sharding,
+                         process_set):
+    """Local SGD (see :mod:`hora.torch.local_sgd`)."""
+    what = f"DistributedOptimizer: local_steps={local_steps}"
+    if sharding:
+        raise ValueError(f"{what} cannot be combined with sharding={sharding!r} (every rank "
+                         f"steps all of its parameters locally)")
+    if policy.op != Average:
+        raise ValueError(f"{what} averages parameters; op={ReduceOp(policy.op).name} does not "
+                         f"apply")
+    if policy.compression is not Compression.none:
+        raise ValueError(f"{what} reduces no gradients, so compression={policy.compression!r} "
+                         f"does not apply")
+    if policy.groups is not None:
+        raise ValueError(f"{what} reduces no gradients, so groups do not apply")
+    params = list({id(p): p for group in optimizer.param_groups for p in group["params"]
+                   if p.requires_grad}.values())
+    member = process_set is global_process_set or bool(process_set.included())
+    wrapped = _rewrap(optimizer, _LocalSGDOptimizer, _LOCAL_CLASSES, names, process_set)
+    wrapped._hora_local_setup(params, local_steps, outer_optimizer, process_set, member)
+    return wrapped
+
+
+_LOCAL_CLASSES: dict[type, type] = {}
 
 
 def _adasum_optimizer(optimizer, names, policy, passes, process_set):

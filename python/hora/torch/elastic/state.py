@@ -62,6 +62,10 @@ class _OptimizerState(_StateDictState):
         compression = getattr(self.value, "_hora_compression", None)
         if getattr(compression, "stateful", False):
             compression.reset()
+        # local SGD counts its steps and takes its anchor again
+        reset = getattr(self.value, "_hora_local_reset", None)
+        if reset is not None:
+            reset()
 
 
 class _ShardedOptimizerState:
