@@ -156,6 +156,8 @@ def command_lines():
         tools.append(("python -m hora.bench sharding", sharding()))
         from hora.bench.host_cost import build_parser as host_cost
         tools.append(("python -m hora.bench host-cost", host_cost()))
+        from hora.bench.compression import build_parser as compression
+        tools.append(("python -m hora.bench compression", compression()))
     except ImportError:  # torch is not installed
         pass
     for command, parser in list(tools):

@@ -100,3 +100,20 @@ def test_bad_arguments_raise():
         wrap(local_steps=4, compression=hvd.Compression.fp16)
     with pytest.raises(ValueError, match="op=Sum does not apply"):
         wrap(local_steps=4, op=hvd.Sum)
+
+
+def test_a_new_world_counts_again_from_its_parameters(rank, size):
+    net = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                   named_parameters=net.named_parameters(), local_steps=H,
+                                   outer_optimizer=outer)
+    for step in range(H + 1):
+        local_step(net, opt, rank, step)
+    assert opt._hora_local_count == H + 1 and opt._hora_anchor is not None
+    hvd.elastic.TorchState(model=net, optimizer=opt).sync()
+    assert opt._hora_local_count == 0 and opt._hora_anchor is None
+    local_step(net, opt, rank, 0)
+    # the new anchor is the parameters as synchronized, the same everywhere
+    flat = torch.cat([a.reshape(-1) for a in opt._hora_anchor])
+    for other in hvd.allgather(flat.unsqueeze(0), name="local_sgd.anchor.check"):
+        assert torch.equal(other, flat)

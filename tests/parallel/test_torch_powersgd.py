@@ -183,3 +183,13 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="a single collective takes Compression.none"):
         hvd.allreduce(torch.ones(3), name="powersgd.single",
                       compression=hvd.Compression.powersgd())
+
+
+def test_a_new_world_starts_the_compressor_again(rank, size):
+    # elastic state's sync() (run when the world changes) resets Q, the
+    # errors and the warm-up count on every rank
+    compression = hvd.Compression.powersgd(start_iter=1)
+    opt, _ = train(rank, 3, compression)
+    assert compression.iteration == 3 and compression._state
+    hvd.elastic.TorchState(optimizer=opt).sync()
+    assert compression.iteration == 0 and not compression._state

@@ -2,7 +2,8 @@
 
 BENCHMARK is one of allreduce, allgather, broadcast, reducescatter, alltoall,
 latency, fusion, autotune, idle, torch-synthetic, sharding, tf-synthetic,
-host-cost, gpu-kernels, gpu-allreduce, elastic, negotiation and multihost.
+host-cost, gpu-kernels, gpu-allreduce, elastic, negotiation, multihost and
+compression.
 
 Run under the launcher, e.g.:
     horarun -np 2 python -m hora.bench allreduce --compare mpi,gloo --json out.json --plot out.png
@@ -41,6 +42,10 @@ one process, and a cost model of a step at scale; no launcher needed):
 and multihost (allreduce across pretend hosts, network namespaces whose links
 are limited to a fixed rate; needs root, starts its own job):
     python -m hora.bench multihost --help
+and compression (training across pretend hosts with links of a fixed rate,
+float32 hora against fp16, PowerSGD and DDP's PowerSGD hook, bytes on the
+wire counted; needs root, starts its own jobs):
+    python -m hora.bench compression --help
 """
 
 import argparse
@@ -271,9 +276,10 @@ def build_parser():
                                                                     "sharding", "tf-synthetic",
                                                                     "host-cost", "gpu-kernels",
                                                                     "elastic",
-                                                                    "negotiation", "multihost"],
+                                                                    "negotiation", "multihost",
+                                                                    "compression"],
                         help="torch-synthetic, sharding, tf-synthetic, gpu-kernels, elastic, "
-                             "negotiation and multihost have options of their own: "
+                             "negotiation, multihost and compression have options of their own: "
                              "torch-synthetic --help, gpu-kernels --help")
     parser.add_argument("--compare", default="mpi",
                         help="comma-separated alternatives to run alongside hora: mpi, gloo, "
@@ -336,6 +342,9 @@ def main(argv=None):
     if argv and argv[0] == "multihost":
         from hora.bench import multihost  # builds namespaces, launches its own job
         return multihost.main(argv[1:])
+    if argv and argv[0] == "compression":
+        from hora.bench import compression  # builds namespaces, launches its own jobs
+        return compression.main(argv[1:])
     if argv and argv[0] == "gpu-allreduce":
         from hora.bench import gpu_allreduce  # needs torch and a CUDA build
         return gpu_allreduce.main(argv[1:])

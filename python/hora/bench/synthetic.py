@@ -97,6 +97,18 @@ def weight_spread(values, comm):
     return float((high - low).max()) if values.size else 0.0
 
 
+def sent_bytes(interface):
+    """Bytes this process's network namespace has sent through
+    ``interface`` so far (``/proc/net/dev``); ValueError when it has no
+    such interface."""
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if counters and name.strip() == interface:
+                return int(counters.split()[8])
+    raise ValueError(f"no network interface {interface!r} here (see /proc/net/dev)")
+
+
 def measure(phase, args, comm, log):
     """Times the phase's variants in alternating blocks whose order rotates
     every iteration; returns this rank's samples/sec per variant and
@@ -114,8 +126,14 @@ def measure(phase, args, comm, log):
             shift = iteration % len(phase)
             for variant in phase[shift:] + phase[:shift]:
                 comm.Barrier()
+                interface = getattr(args, "count_bytes", None)
+                before = sent_bytes(interface) if interface else 0
                 rates[variant.name].append(
                     samples_per_second(variant, args.num_batches_per_iter, args.batch_size))
+                if interface:
+                    # counted, not estimated: what left this host per batch
+                    variant.sent_per_batch.append(
+                        (sent_bytes(interface) - before) / args.num_batches_per_iter)
             log(f"Iter #{iteration}: " + ", ".join(
                 f"{v.name} {rates[v.name][-1]:.1f}" for v in phase) + " samples/sec (rank 0)")
         spreads = {v.name: weight_spread(v.flat_weights(), comm) for v in phase if v.synchronized}

@@ -25,6 +25,7 @@ import argparse
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -42,7 +43,8 @@ def build_parser():
     parser.add_argument("--compare", default="",
                         help="comma-separated alternatives trained in the same job: ddp "
                              "(torch DistributedDataParallel, gloo on CPU), horovod, "
-                             "hora_per_gradient (hora with bucket_bytes=0)")
+                             "hora_per_gradient (hora with bucket_bytes=0), hora_whole_graph "
+                             "(with --compile: hora under plain torch.compile)")
     synthetic.add_timing_options(parser)
     parser.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as float16 (hvd.Compression.fp16; DDP gets "
@@ -54,8 +56,13 @@ def build_parser():
                         help="hvd.SyncBatchNorm in hora's model, as Horovod's script uses (the "
                              "other variants keep torch.nn.BatchNorm2d)")
     parser.add_argument("--compile", action="store_true",
-                        help="train every variant's model through torch.compile (DDP's "
-                             "through its DDPOptimizer); the warm-up batches compile it")
+                        help="train every variant's model through torch.compile (hora's "
+                             "through hora.torch.compile, DDP's through its DDPOptimizer); the "
+                             "warm-up batches compile it")
+    parser.add_argument("--count-bytes", metavar="INTERFACE", default=None,
+                        help="count the bytes each rank's host sends through this network "
+                             "interface per batch, for every variant (e.g. eth0 of a pretend "
+                             "host; the compression benchmark passes it)")
     parser.add_argument("--cuda", action="store_true",
                         help="train on the GPU of the rank's local rank")
     parser.add_argument("--threads", type=int, default=None,
@@ -75,6 +82,11 @@ def parse(argv):
     args.compare = synthetic.parse_compare(parser, args.compare, train_variants.KNOWN)
     if args.cuda and not torch.cuda.is_available():
         parser.error("--cuda: torch sees no GPU")
+    if args.count_bytes:
+        try:
+            synthetic.sent_bytes(args.count_bytes)
+        except ValueError as error:
+            parser.error(f"--count-bytes: {error}")
     return args
 
 
@@ -134,11 +146,15 @@ def run(args):
 
     everyone, alone, spreads = synthetic.measure_all(
         variants, lambda: train_variants.ComputeOnly(setup), args, comm, log)
+    sent = comm.gather({v.name: v.sent_per_batch for v in variants if v.sent_per_batch},
+                       root=0)
     if rank == 0:
         context = {"size": size, "threads": threads, "cores": cores, "usable": usable,
                    "image_size": image_size, "parameters": parameters, "gradients": gradients,
                    "device": str(device)}
         results = report(args, everyone, alone, spreads, context)
+        if args.count_bytes:
+            results["sent_bytes_per_batch"] = report_sent(sent, args.count_bytes)
         synthetic.write(results, args, f"{results['model']}, batch {results['batch_size']}/rank, "
                                        f"{results['ranks']} ranks ({results['device']})", "ddp")
     hvd.shutdown()
@@ -164,6 +180,18 @@ def report(args, everyone, alone, spreads, context):
                "num_warmup_batches": args.num_warmup_batches,
                "num_batches_per_iter": args.num_batches_per_iter, "num_iters": args.num_iters}
     return synthetic.report(results, everyone, alone, spreads, PAIRS)
+
+
+def report_sent(sent, interface):
+    """Each variant's bytes sent per batch (median over its blocks), per
+    rank's host, printed and returned."""
+    out = {}
+    print(f"Bytes sent through {interface} per batch, median over the timed blocks, per rank:")
+    for name in sent[0]:
+        per_rank = [float(np.median(rank_sent[name])) for rank_sent in sent]
+        out[name] = per_rank
+        print(f"  {name:<22} " + ", ".join(f"{b / 2**20:.3f} MiB" for b in per_rank))
+    return out
 
 
 def main(argv=None):

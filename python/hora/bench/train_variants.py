@@ -27,6 +27,7 @@ class Variant:
 
     def __init__(self, setup):
         self.setup = setup
+        self.sent_per_batch = []  # bytes this rank's host sent per batch (--count-bytes)
 
     def start(self):
         pass
@@ -51,9 +52,13 @@ class Variant:
         model.load_state_dict(self.setup.initial_state)
         return model.to(self.setup.device)
 
+    def _compiled(self, model):
+        """``model`` through ``torch.compile`` under ``--compile``."""
+        return torch.compile(model)
+
     def _make_step(self, model, optimizer):
         data, target = self.setup.data, self.setup.target
-        forward = torch.compile(model) if getattr(self.setup.args, "compile", False) else model
+        forward = self._compiled(model) if getattr(self.setup.args, "compile", False) else model
 
         def step():
             optimizer.zero_grad()
@@ -72,12 +77,67 @@ class Hora(Variant):
         args = setup.args
         model = self._model(hvd.SyncBatchNorm if args.sync_batch_norm else None)
         optimizer = torch.optim.SGD(model.parameters(), lr=setup.lr)
-        compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), compression=compression,
+            optimizer, named_parameters=model.named_parameters(), compression=self._compression(),
             op=hvd.Average, groups=args.groups or None, bucket_bytes=self.bucket_bytes)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         self._make_step(model, optimizer)
+
+    def _compression(self):
+        return hvd.Compression.fp16 if self.setup.args.fp16_allreduce else hvd.Compression.none
+
+    def _compiled(self, model):
+        # the graph cut at the buckets' ends, so that allreduces overlap the backward
+        return hvd.compile(model, bucket_bytes=self.bucket_bytes)
+
+
+class HoraWholeGraph(Hora):
+    """hora under plain ``torch.compile``: one compiled backward, so every
+    bucket's allreduce starts after it (the same as hora with --compile
+    when not compiling)."""
+
+    name, label = "hora_whole_graph", "hora, plain torch.compile (no overlap with backward)"
+
+    def _compiled(self, model):
+        return torch.compile(model)
+
+
+class HoraFp16(Hora):
+    name, label = "hora_fp16", "hora, gradients sent as float16 (Compression.fp16)"
+
+    def _compression(self):
+        return hvd.Compression.fp16
+
+
+# PowerSGD starts after the uncompressed steps DDP's hook needs (2), which
+# the warm-up batches cover
+POWERSGD_START = 2
+
+
+def _hora_powersgd(rank):
+    class HoraPowerSGD(Hora):
+        name, label = f"hora_powersgd{rank}", f"hora, Compression.powersgd(rank={rank})"
+
+        def _compression(self):
+            return hvd.Compression.powersgd(rank=rank, start_iter=POWERSGD_START)
+    return HoraPowerSGD
+
+
+def _hora_local(steps):
+    class HoraLocalSGD(Hora):
+        name, label = f"hora_local{steps}", f"hora, local SGD (local_steps={steps})"
+        # the ranks differ between averagings
+        synchronized = False
+
+        def __init__(self, setup):
+            Variant.__init__(self, setup)
+            model = self._model()
+            optimizer = hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=setup.lr),
+                named_parameters=model.named_parameters(), local_steps=steps)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            self._make_step(model, optimizer)
+    return HoraLocalSGD
 
 
 class HoraPerGradient(Hora):
@@ -115,20 +175,52 @@ class Ddp(Variant):
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(port)
         self.backend = "nccl" if setup.device.type == "cuda" else "gloo"
-        dist.init_process_group(self.backend, rank=rank, world_size=size)
+        if Ddp._users == 0:
+            dist.init_process_group(self.backend, rank=rank, world_size=size)
+        Ddp._users += 1
         model = self._model()
+        extra = {} if self.bucket_cap_mb is None else {"bucket_cap_mb": self.bucket_cap_mb}
         ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[setup.device.index] if setup.device.type == "cuda" else None)
-        if setup.args.fp16_allreduce:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        self.label = f"PyTorch DDP ({self.backend})"
+            model, device_ids=[setup.device.index] if setup.device.type == "cuda" else None,
+            **extra)
+        self._hook(ddp)
+        self.label = self.label.replace("DDP", f"DDP ({self.backend})", 1)
         self._make_step(ddp, torch.optim.SGD(ddp.parameters(), lr=setup.lr))
         self.model = model
 
+    _users = 0  # DDP variants sharing the process group
+    bucket_cap_mb: float | None = None  # DDP's default (25)
+
+    def _hook(self, ddp):
+        if self.setup.args.fp16_allreduce:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
     def stop(self):
-        # joins gloo's threads before interpreter exit
-        self.dist.destroy_process_group()
+        # joins gloo's threads before interpreter exit, once the last DDP
+        # variant is done with the group
+        Ddp._users -= 1
+        if Ddp._users == 0:
+            self.dist.destroy_process_group()
+
+
+def _ddp_powersgd(rank):
+    class DdpPowerSGD(Ddp):
+        name, label = f"ddp_powersgd{rank}", f"PyTorch DDP, PowerSGD hook (rank {rank})"
+        # one bucket: with several, the hook issues a bucket's second
+        # allreduce from gloo's callback thread while the main thread issues
+        # the next bucket's first, in an order that differs between ranks,
+        # and gloo pairs mismatched collectives ("Received data size doesn't
+        # match expected size")
+        bucket_cap_mb = 1024
+
+        def _hook(self, ddp):
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=rank,
+                start_powerSGD_iter=POWERSGD_START)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return DdpPowerSGD
 
 
 class Horovod(Variant):
@@ -160,4 +252,8 @@ class Horovod(Variant):
         self.horovod.shutdown()
 
 
-KNOWN = {"ddp": Ddp, "horovod": Horovod, "hora_per_gradient": HoraPerGradient}
+KNOWN = {"ddp": Ddp, "horovod": Horovod, "hora_per_gradient": HoraPerGradient,
+         "hora_whole_graph": HoraWholeGraph, "hora_fp16": HoraFp16,
+         **{f"hora_powersgd{r}": _hora_powersgd(r) for r in (1, 2, 4)},
+         **{f"ddp_powersgd{r}": _ddp_powersgd(r) for r in (1, 2, 4)},
+         **{f"hora_local{h}": _hora_local(h) for h in (4, 16)}}

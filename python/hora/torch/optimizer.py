@@ -167,12 +167,14 @@ class _DistributedOptimizer(SynchronizeSwitch):
             return ("bucket", handle, list(zip(params, views)), was_sparse,
                     self._hora_unit_names[index])
         if getattr(self._hora_compression, "stateful", False):
-            # PowerSGD: two collectives, the second started in synchronize()
+            # PowerSGD: two allreduces, the second started in synchronize()
             name = self._hora_unit_names[index] if grouped else self._hora_names[params[0]]
             round_ = self._hora_compression.start(
-                [(self._hora_names[p], p.grad) for p in params], name, self._hora_op,
-                self._hora_process_set)
-            return ("powersgd", round_.handle, round_, was_sparse, None)
+                [(self._hora_names[p], p.grad) for p in params], self._hora_op)
+            handle = mpi_ops.grouped_allreduce_async_(
+                round_.first, name=f"{name}.powersgd.p", op=round_.first_op,
+                process_set=self._hora_process_set)
+            return ("powersgd", handle, (round_, name), was_sparse, None)
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
         if grouped:
@@ -187,6 +189,22 @@ class _DistributedOptimizer(SynchronizeSwitch):
                 process_set=self._hora_process_set)
         group = self._hora_unit_names[index] if grouped else None
         return ("dense", handle, list(zip(params, compressed)), was_sparse, group)
+
+    def _hora_powersgd_second(self, rounds):
+        """PowerSGD's second allreduce (the ``Q`` matrices) of every unit,
+        all started before any is waited for, then the gradients."""
+        compression = self._hora_compression
+        seconds = []
+        for round_, name in rounds:
+            qs = compression.second(round_)
+            seconds.append(mpi_ops.grouped_allreduce_async_(
+                qs, name=f"{name}.powersgd.q", op=Average,
+                process_set=self._hora_process_set) if qs else None)
+        wait_all([h for h in seconds if h is not None])
+        ranks = set_size(self._hora_process_set)
+        for round_, _ in rounds:
+            compression.finish(round_, ranks)
+        compression.end_step()
 
     def _hora_bucket_views(self, index, params):
         """The flat buffer of bucket ``index`` and its views, shaped as the
@@ -287,12 +305,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
                 self._hora_delay[p] = self.backward_passes_per_step
         rounds = [entry[2] for entry in entries if entry[0] == "powersgd"]
         if rounds:
-            compression = self._hora_compression
-            for round_ in rounds:
-                compression.start_second(round_)
-            for round_ in rounds:
-                compression.finish(round_)
-            compression.end_step()
+            self._hora_powersgd_second(rounds)
         for entry, result in zip(entries, results):
             self._hora_finish(entry, result)
         self._hora_synchronized = True

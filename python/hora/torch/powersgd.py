@@ -61,23 +61,26 @@ class _Matrix:
 
 
 class _Round:
-    """One unit's reduction in a step: the first collective's handle
-    (``P`` matrices and uncompressed gradients together), then the second's
-    (``Q`` matrices)."""
+    """One unit's reduction in a step: its compressed gradients, those sent
+    as they are, and what the first allreduce carries."""
 
-    __slots__ = ("name", "matrices", "plain", "handle", "second", "op", "process_set")
+    __slots__ = ("matrices", "plain", "first_op", "op")
 
-    def __init__(self, name, matrices, plain, handle, op, process_set):
-        self.name, self.matrices, self.plain, self.handle = name, matrices, plain, handle
-        self.second = None
-        self.op, self.process_set = op, process_set
+    def __init__(self, matrices, plain, first_op, op):
+        self.matrices, self.plain, self.first_op, self.op = matrices, plain, first_op, op
+
+    @property
+    def first(self) -> list[torch.Tensor]:
+        return [m.p for m in self.matrices] + self.plain
 
 
 class PowerSGD(Compressor):
     """The PowerSGD compressor; make one with
     ``hvd.Compression.powersgd(rank=1, start_iter=10)``."""
 
-    stateful = True  # DistributedOptimizer hands whole units to start()/finish()
+    # DistributedOptimizer hands it whole units (start, second, finish) and
+    # runs the two allreduces itself
+    stateful = True
 
     def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, seed: int = 0):
@@ -164,10 +167,11 @@ class PowerSGD(Compressor):
             self._state[name] = state
         return state
 
-    def start(self, named_grads: list[tuple[str, torch.Tensor]], name: str, op: ReduceOp,
-              process_set) -> _Round:
-        """Starts the first collective of a unit's gradients: the ``P``
-        matrices and the gradients sent as they are."""
+    def start(self, named_grads: list[tuple[str, torch.Tensor]], op: ReduceOp) -> _Round:
+        """A unit's round: computes each compressed gradient's ``P``. The
+        caller allreduces ``round.first`` in place with ``round.first_op``
+        (the ``P`` matrices and the gradients sent as they are), then calls
+        :meth:`second`."""
         matrices, plain = [], []
         with torch.no_grad():
             for grad_name, grad in named_grads:
@@ -180,41 +184,30 @@ class PowerSGD(Compressor):
                 if self.error_feedback:
                     matrix = matrix + state["error"]
                 matrices.append(_Matrix(grad_name, grad, state, matrix, matrix @ state["q"]))
-        from hora.torch import mpi_ops
-        tensors = [m.p for m in matrices] + plain
-        handle = mpi_ops.grouped_allreduce_async_(
-            tensors, name=f"{name}.powersgd.p", op=Average if matrices or op == Average else Sum,
-            process_set=process_set) if tensors else None
-        return _Round(name, matrices, plain, handle, op, process_set)
+        # with P matrices in the round everything is averaged (a sum is
+        # scaled back in finish()); without, the op is used as it is
+        first_op = Average if matrices or op == Average else Sum
+        return _Round(matrices, plain, first_op, op)
 
-    def start_second(self, round_: _Round) -> None:
-        """After the first collective: orthonormalizes each ``P`` and starts
-        averaging the ``Q`` matrices."""
-        if not round_.matrices:
-            return
-        from hora.torch import mpi_ops
+    def second(self, round_: _Round) -> list[torch.Tensor]:
+        """After the first allreduce: orthonormalizes each ``P`` and returns
+        the ``Q`` matrices for the caller to average in place (none when
+        nothing was compressed), then :meth:`finish`."""
         with torch.no_grad():
             for m in round_.matrices:
                 _orthonormalize(m.p)
                 m.q = m.matrix.t() @ m.p
-            round_.second = mpi_ops.grouped_allreduce_async_(
-                [m.q for m in round_.matrices], name=f"{round_.name}.powersgd.q", op=Average,
-                process_set=round_.process_set)
+        return [m.q for m in round_.matrices]
 
-    def finish(self, round_: _Round) -> None:
-        """After the second collective: writes each gradient's ``P Q^T``
-        and keeps this rank's error and the new ``Q``."""
-        from hora.torch import mpi_ops
-        from hora.torch._collectives import set_size
-        scale = None
-        if round_.op == Sum and round_.matrices:
-            scale = float(set_size(round_.process_set))
+    def finish(self, round_: _Round, ranks: int) -> None:
+        """After the second allreduce: writes each gradient's ``P Q^T`` and
+        keeps this rank's error and the new ``Q``; ``ranks`` is the number
+        of ranks reducing (for ``op=Sum``)."""
+        scale = float(ranks) if round_.op == Sum and round_.matrices else None
         with torch.no_grad():
             if scale is not None:
                 for grad in round_.plain:  # averaged with the P matrices
                     grad.mul_(scale)
-            if round_.second is not None:
-                mpi_ops.synchronize(round_.second)
             for m in round_.matrices:
                 approximation = m.p @ m.q.t()
                 if self.error_feedback:

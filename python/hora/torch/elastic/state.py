@@ -59,7 +59,7 @@ class _OptimizerState(_StateDictState):
         broadcast_optimizer_state(self.value, root_rank=0)
         # a stateful compressor (PowerSGD) starts again in the new world:
         # its errors were the old ranks' own, and its Q must match everywhere
-        compression = getattr(self.value, "_hora_compression", None)
+        compression: Any = getattr(self.value, "_hora_compression", None)
         if getattr(compression, "stateful", False):
             compression.reset()
         # local SGD counts its steps and takes its anchor again
