@@ -4,8 +4,9 @@ Run on two ranks:  horarun -np 2 python examples/pytorch/train_digits.py
 (or python -m hora.runner -np 2 ...). Resume after an interruption with the
 same --checkpoint path. --cuda trains on GPU local_rank (ranks share the GPUs
 in turn when there are fewer GPUs than ranks); --fp16-allreduce sends the
-gradients as float16; --powersgd-rank R compresses them with PowerSGD;
---local-steps H averages the parameters every H steps instead (local SGD).
+gradients as float16; --powersgd-rank R compresses them with PowerSGD,
+--onebit to their signs; --local-steps H averages the parameters every H
+steps instead (local SGD).
 
 The data are scikit-learn's bundled 8x8 digits (1797 images, nothing to
 download; pip install scikit-learn). Without scikit-learn the script falls
@@ -105,13 +106,17 @@ def main():
                         help="compress gradients with hvd.Compression.powersgd(rank=R) after "
                              "--powersgd-start uncompressed steps (0: off)")
     parser.add_argument("--powersgd-start", type=int, default=10,
-                        help="uncompressed steps before PowerSGD starts")
+                        help="uncompressed steps before PowerSGD or --onebit starts")
+    parser.add_argument("--onebit", action="store_true",
+                        help="compress gradients to their signs and a scale "
+                             "(hvd.Compression.onebit) after --powersgd-start steps")
     parser.add_argument("--local-steps", type=int, default=1,
                         help="local SGD: average the parameters every H steps instead of the "
                              "gradients every step (1: off)")
     args = parser.parse_args()
-    if sum([args.fp16_allreduce, args.powersgd_rank > 0, args.local_steps > 1]) > 1:
-        parser.error("choose one of --fp16-allreduce, --powersgd-rank and --local-steps")
+    if sum([args.fp16_allreduce, args.powersgd_rank > 0, args.onebit, args.local_steps > 1]) > 1:
+        parser.error("choose one of --fp16-allreduce, --powersgd-rank, --onebit and "
+                     "--local-steps")
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -135,6 +140,8 @@ def main():
     if args.powersgd_rank:
         compression = hvd.Compression.powersgd(rank=args.powersgd_rank,
                                                start_iter=args.powersgd_start)
+    if args.onebit:
+        compression = hvd.Compression.onebit(start_iter=args.powersgd_start)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression, local_steps=args.local_steps)
 

@@ -193,3 +193,70 @@ def test_a_new_world_starts_the_compressor_again(rank, size):
     assert compression.iteration == 3 and compression._state
     hvd.elastic.TorchState(optimizer=opt).sync()
     assert compression.iteration == 0 and not compression._state
+
+
+# --- the one-bit compressor (signs and a scale, error feedback) -------------
+
+def onebit_reference(size, steps, start_iter, min_elements):
+    """Every step's reduced gradients and every rank's errors, simulated
+    for all ranks (in float32, summed in rank order as every rank does)."""
+    errors, results = {}, []
+    for step in range(steps):
+        out = {}
+        for name, shape in SHAPES.items():
+            grads = [gradient(name, k, step).astype(np.float32) for k in range(size)]
+            if step < start_iter or int(np.prod(shape)) < min_elements:
+                out[name] = np.mean([g.astype(np.float64) for g in grads], axis=0)
+                continue
+            errors.setdefault(name, [np.zeros(shape, np.float32) for _ in range(size)])
+            total = np.zeros(shape, np.float32)
+            for k in range(size):
+                matrix = grads[k] + errors[name][k]
+                scale = np.float32(np.abs(matrix).mean())
+                sent = np.where(matrix >= 0, scale, -scale).astype(np.float32)
+                errors[name][k] = matrix - sent
+                total += sent
+            out[name] = total / size
+        results.append(out)
+    return results, errors
+
+
+def test_onebit_matches_the_reference_on_every_rank(rank, size):
+    steps, start_iter, min_elements = 4, 1, 16
+    compression = hvd.Compression.onebit(start_iter=start_iter, min_elements=min_elements)
+    _, seen = train(rank, steps, compression)
+    expected, errors = onebit_reference(size, steps, start_iter, min_elements)
+    for step in range(steps):
+        for name in SHAPES:
+            np.testing.assert_allclose(seen[step][name], expected[step][name], rtol=1e-4,
+                                       atol=1e-5, err_msg=f"step {step}, {name}")
+    assert set(errors) == {"w", "conv"}
+    for name, per_rank in errors.items():
+        np.testing.assert_allclose(compression._errors[f"allreduce.{name}"].numpy(),
+                                   per_rank[rank], rtol=1e-4, atol=1e-5)
+    flat = torch.cat([torch.from_numpy(seen[-1][name]).reshape(-1) for name in SHAPES])
+    for other in hvd.allgather(flat.unsqueeze(0), name="onebit.check"):
+        assert torch.equal(other, flat)
+
+
+def test_onebit_signs_pack_and_unpack():
+    from hora.torch.onebit import pack_signs, unpack_signs
+    values = torch.tensor([0.5, -1.0, 0.0, -0.0, 3.0, -2.0, 1.0, -1.0, 7.0, -7.0, 2.0])
+    packed = pack_signs(values)
+    assert packed.dtype == torch.uint8 and packed.numel() == 2  # 11 bits
+    assert unpack_signs(packed, 11, torch.float32).tolist() == [
+        1, -1, 1, 1, 1, -1, 1, -1, 1, -1, 1]
+
+
+def test_onebit_bad_arguments_raise():
+    for kwargs, text in (({"start_iter": -1}, "start_iter must be an int >= 0"),
+                         ({"min_elements": 0}, "min_elements must be an int >= 1")):
+        with pytest.raises(ValueError, match=text):
+            hvd.Compression.onebit(**kwargs)
+    net = Net()
+    with pytest.raises(ValueError, match="cannot be combined with sharding"):
+        hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                 named_parameters=net.named_parameters(),
+                                 compression=hvd.Compression.onebit(), sharding="gradients")
+    with pytest.raises(ValueError, match="a single collective takes Compression.none"):
+        hvd.allreduce(torch.ones(3), name="onebit.single", compression=hvd.Compression.onebit())

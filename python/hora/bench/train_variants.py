@@ -123,6 +123,13 @@ def _hora_powersgd(rank):
     return HoraPowerSGD
 
 
+class HoraOneBit(Hora):
+    name, label = "hora_onebit", "hora, Compression.onebit() (signs and a scale)"
+
+    def _compression(self):
+        return hvd.Compression.onebit(start_iter=POWERSGD_START)
+
+
 def _hora_local(steps):
     class HoraLocalSGD(Hora):
         name, label = f"hora_local{steps}", f"hora, local SGD (local_steps={steps})"
@@ -256,4 +263,4 @@ KNOWN = {"ddp": Ddp, "horovod": Horovod, "hora_per_gradient": HoraPerGradient,
          "hora_whole_graph": HoraWholeGraph, "hora_fp16": HoraFp16,
          **{f"hora_powersgd{r}": _hora_powersgd(r) for r in (1, 2, 4)},
          **{f"ddp_powersgd{r}": _ddp_powersgd(r) for r in (1, 2, 4)},
-         **{f"hora_local{h}": _hora_local(h) for h in (4, 16)}}
+         **{f"hora_local{h}": _hora_local(h) for h in (4, 16)}, "hora_onebit": HoraOneBit}

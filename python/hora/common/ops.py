@@ -104,7 +104,8 @@ def allreduce(tensor: ArrayLike, name: str | None = None, op: ReduceOp | int = R
     returns the result as a new array. ``prescale_factor`` multiplies the
     input before the reduction and ``postscale_factor`` the result after it
     (integers: in float64, truncated toward zero, as Horovod does).
-    float16/bfloat16 accumulate in float32."""
+    float16/bfloat16 accumulate in float32 (on the ring between hosts they
+    travel as halves, rounded once per hop)."""
     return synchronize(allreduce_async(tensor, name, op, prescale_factor, postscale_factor,
                                        process_set=process_set))
 

@@ -3,7 +3,8 @@
 A compressor turns a tensor into the form that travels between ranks and
 back. ``Compression.none`` sends tensors as they are; ``Compression.fp16``
 and ``Compression.bf16`` send floating-point tensors as 16-bit floats (the
-reduction accumulates in float32 for CPU tensors; NCCL reduces CUDA tensors
+reduction accumulates in float32 for CPU tensors on one host, and sends
+halves rounded once per hop on the ring between hosts; NCCL reduces CUDA tensors
 in 16 bits, as Horovod does) and restore the
 original dtype afterwards. Non-floating-point tensors pass through
 unchanged.
@@ -51,8 +52,9 @@ class BF16Compressor(_CastCompressor):
 class Compression:
     """The available compressors: ``Compression.none``, ``Compression.fp16``
     and ``Compression.bf16`` (classes, as in Horovod), and
-    ``Compression.powersgd(...)``, which makes a stateful compressor for
-    ``DistributedOptimizer`` (:mod:`hora.torch.powersgd`)."""
+    ``Compression.powersgd(...)`` and ``Compression.onebit(...)``, which
+    make stateful compressors for ``DistributedOptimizer``
+    (:mod:`hora.torch.powersgd`, :mod:`hora.torch.onebit`)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
@@ -66,3 +68,11 @@ class Compression:
         ``DistributedOptimizer``; see :mod:`hora.torch.powersgd`."""
         from hora.torch.powersgd import PowerSGD
         return PowerSGD(rank, start_iter, min_compression_rate, error_feedback, seed)
+
+    @staticmethod
+    def onebit(start_iter: int = 10, min_elements: int = 1024):
+        """A new one-bit compressor (signs and a scale, error feedback, an
+        uncompressed warm-up of ``start_iter`` steps) for one
+        ``DistributedOptimizer``; see :mod:`hora.torch.onebit`."""
+        from hora.torch.onebit import OneBit
+        return OneBit(start_iter, min_elements)

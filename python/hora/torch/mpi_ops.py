@@ -111,7 +111,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     result (integers are scaled in float64 and truncated toward zero, as
     Horovod does). ``compression`` (default
     ``Compression.none``) casts the tensor for the wire and back.
-    float16/bfloat16 accumulate in float32. Differentiable: the gradient is
+    float16/bfloat16 accumulate in float32 (on the ring between hosts they
+    travel as halves, rounded once per hop). Differentiable: the gradient is
     the same allreduce of the incoming gradients (for Min/Max it flows to
     the ranks holding the extreme, shared equally on ties; for Product to
     every rank as the product of the others). ``process_set`` limits it to

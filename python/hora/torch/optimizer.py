@@ -169,12 +169,18 @@ class _DistributedOptimizer(SynchronizeSwitch):
         if getattr(self._hora_compression, "stateful", False):
             # PowerSGD: two allreduces, the second started in synchronize()
             name = self._hora_unit_names[index] if grouped else self._hora_names[params[0]]
-            round_ = self._hora_compression.start(
-                [(self._hora_names[p], p.grad) for p in params], self._hora_op)
-            handle = mpi_ops.grouped_allreduce_async_(
-                round_.first, name=f"{name}.powersgd.p", op=round_.first_op,
-                process_set=self._hora_process_set)
-            return ("powersgd", handle, (round_, name), was_sparse, None)
+            compression = self._hora_compression
+            round_ = compression.start([(self._hora_names[p], p.grad) for p in params],
+                                       self._hora_op)
+            if compression.first_collective == "allgather":
+                handle = mpi_ops.grouped_allgather_async(
+                    round_.first, name=f"{name}.compressed.first",
+                    process_set=self._hora_process_set) if round_.first else None
+            else:
+                handle = mpi_ops.grouped_allreduce_async_(
+                    round_.first, name=f"{name}.compressed.first", op=round_.first_op,
+                    process_set=self._hora_process_set)
+            return ("compressed", handle, (round_, name), was_sparse, None)
         compressed = [self._hora_compression.compress(p.grad) for p in params]
         tensors = [c for c, _ in compressed]
         if grouped:
@@ -190,19 +196,20 @@ class _DistributedOptimizer(SynchronizeSwitch):
         group = self._hora_unit_names[index] if grouped else None
         return ("dense", handle, list(zip(params, compressed)), was_sparse, group)
 
-    def _hora_powersgd_second(self, rounds):
-        """PowerSGD's second allreduce (the ``Q`` matrices) of every unit,
-        all started before any is waited for, then the gradients."""
+    def _hora_compressed_second(self, rounds):
+        """A stateful compressor's second allreduce of every unit (PowerSGD's
+        ``Q`` matrices, the one-bit compressor's small gradients), all
+        started before any is waited for, then the gradients."""
         compression = self._hora_compression
         seconds = []
-        for round_, name in rounds:
-            qs = compression.second(round_)
+        for (round_, name), gathered in rounds:
+            tensors = compression.second(round_, gathered)
             seconds.append(mpi_ops.grouped_allreduce_async_(
-                qs, name=f"{name}.powersgd.q", op=Average,
-                process_set=self._hora_process_set) if qs else None)
+                tensors, name=f"{name}.compressed.second", op=round_.second_op,
+                process_set=self._hora_process_set) if tensors else None)
         wait_all([h for h in seconds if h is not None])
         ranks = set_size(self._hora_process_set)
-        for round_, _ in rounds:
+        for (round_, _), _ in rounds:
             compression.finish(round_, ranks)
         compression.end_step()
 
@@ -249,7 +256,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
             if kind == "sparse":
                 members[0].grad = result
                 return
-            if kind == "powersgd":
+            if kind == "compressed":
                 for p in was_sparse:
                     p.grad = p.grad.to_sparse()
                 return
@@ -295,7 +302,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
         entries = [entry for index in range(len(self._hora_units))
                    for entry in self._hora_pending[index]]
         try:
-            results = wait_all([entry[1] for entry in entries])
+            results = wait_all([entry[1] for entry in entries if entry[1] is not None])
         except HoraError as error:
             raise self._hora_name_group_member(error, entries) from None
         finally:
@@ -303,9 +310,12 @@ class _DistributedOptimizer(SynchronizeSwitch):
             self._hora_ready.clear()
             for p in self._hora_delay:
                 self._hora_delay[p] = self.backward_passes_per_step
-        rounds = [entry[2] for entry in entries if entry[0] == "powersgd"]
+        results_of = iter(results)
+        results = [next(results_of) if entry[1] is not None else None for entry in entries]
+        rounds = [(entry[2], result) for entry, result in zip(entries, results)
+                  if entry[0] == "compressed"]
         if rounds:
-            self._hora_powersgd_second(rounds)
+            self._hora_compressed_second(rounds)
         for entry, result in zip(entries, results):
             self._hora_finish(entry, result)
         self._hora_synchronized = True

@@ -73,6 +73,8 @@ class _Round:
     def first(self) -> list[torch.Tensor]:
         return [m.p for m in self.matrices] + self.plain
 
+    second_op = Average  # the Q matrices
+
 
 class PowerSGD(Compressor):
     """The PowerSGD compressor; make one with
@@ -81,6 +83,7 @@ class PowerSGD(Compressor):
     # DistributedOptimizer hands it whole units (start, second, finish) and
     # runs the two allreduces itself
     stateful = True
+    first_collective = "allreduce"
 
     def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, seed: int = 0):
@@ -189,7 +192,7 @@ class PowerSGD(Compressor):
         first_op = Average if matrices or op == Average else Sum
         return _Round(matrices, plain, first_op, op)
 
-    def second(self, round_: _Round) -> list[torch.Tensor]:
+    def second(self, round_: _Round, gathered: Any = None) -> list[torch.Tensor]:
         """After the first allreduce: orthonormalizes each ``P`` and returns
         the ``Q`` matrices for the caller to average in place (none when
         nothing was compressed), then :meth:`finish`."""
