@@ -190,3 +190,26 @@ def test_collectives_inside_torch_compile_fullgraph():
     got = torch.compile(step, fullgraph=True)(x)
     assert got.device.type == "cuda"
     assert got.item() == step(x).item()
+
+
+@pytest.mark.parametrize("make", [lambda: hvd.Compression.powersgd(rank=2, start_iter=1),
+                                  lambda: hvd.Compression.onebit(start_iter=1, min_elements=16),
+                                  None], ids=["powersgd", "onebit", "local_sgd"])
+def test_slow_link_methods_train_cuda_parameters_as_on_the_cpu(make):
+    # the same model and gradients on the GPU and on the CPU: the stateful
+    # compressors and local SGD give the same parameters on both
+    results = []
+    for device in ("cpu", DEVICE):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(12, 10), torch.nn.Linear(10, 3)).to(device)
+        kwargs = {"compression": make()} if make else {"local_steps": 2}
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                       named_parameters=net.named_parameters(), **kwargs)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            opt.zero_grad()
+            data = torch.randn(6, 12, generator=generator).to(device)
+            net(data).square().mean().backward()
+            opt.step()
+        results.append(torch.cat([p.detach().reshape(-1).cpu() for p in net.parameters()]))
+    torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-5)
