@@ -1,14 +1,12 @@
 """allreduce of every dtype with every reduce op, against the NumPy reference."""
 
-import os
-
 import numpy as np
 import pytest
 
 import hora
 from conftest import ALL_DTYPES, rank_input, resolve_dtype
-from hora_reference import (ALL_OPS, FLOAT_DTYPES, assert_reduced, assert_same, dtype_name,
-                            inputs_of, is_bool, op_name, reduce_reference)
+from hora_reference import (ALL_OPS, FLOAT_DTYPES, HALVES_TRAVEL, assert_reduced, assert_same,
+                            dtype_name, inputs_of, is_bool, op_name, reduce_reference)
 
 SHAPE = (5, 3)
 
@@ -66,13 +64,6 @@ def test_unsigned_average(rank, size):
     result = hora.allreduce(x, name=tag, op=hora.Average)
     total = np.sum([[r, 3, 255 // size, 1] for r in range(size)], axis=0)
     assert_same(result, (total // size).astype(np.uint8))
-
-
-# On the ring between hosts half types travel as halves (half the bytes on
-# the link), and each hop rounds its partial sum to the half type, as
-# Horovod's float16 MPI sum and NCCL do; on one host (shared memory) and
-# through MPI they are reduced in float32.
-HALVES_TRAVEL = os.environ.get("HORA_ALLREDUCE_ALGORITHM") == "ring"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

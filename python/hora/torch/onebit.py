@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora.common.basics import Average, ReduceOp, Sum
-from hora.common.compression import Compressor
+from hora.common.basics import Average, ReduceOp
+from hora.torch.stateful_compression import StatefulCompressor
 
 _SHIFTS = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0], dtype=torch.uint8)
 
@@ -86,14 +86,12 @@ class _Round:
         return [s.bits for s in self.signs] + [s.scale for s in self.signs]
 
 
-class OneBit(Compressor):
+class OneBit(StatefulCompressor):
     """The one-bit compressor; make one with
     ``hvd.Compression.onebit(start_iter=10)``."""
 
-    # DistributedOptimizer hands it whole units (start, second, finish) and
-    # runs the collectives itself: an allgather first, then an allreduce
-    stateful = True
-    first_collective = "allgather"
+    first_collective = "allgather"  # then an allreduce of the small gradients
+    what_travels = "an allgather"
 
     def __init__(self, start_iter: int = 10, min_elements: int = 1024):
         for label, value, low in (("start_iter", start_iter, 0), ("min_elements", min_elements, 1)):
@@ -102,39 +100,16 @@ class OneBit(Compressor):
                                  f"{value!r}")
         self.start_iter = start_iter
         self.min_elements = min_elements
-        self.iteration = 0
+        super().__init__()
         self._errors: dict[str, torch.Tensor] = {}
 
     def __repr__(self):
         return f"Compression.onebit(start_iter={self.start_iter}, min_elements={self.min_elements})"
 
-    def compress(self, tensor):
-        raise ValueError("Compression.onebit compresses DistributedOptimizer's gradients (an "
-                         "allgather and state kept between steps); a single collective takes "
-                         "Compression.none, fp16 or bf16")
-
-    def decompress(self, tensor, ctx):
-        raise ValueError("Compression.onebit has no decompress of its own: it works inside "
-                         "DistributedOptimizer")
-
-    def check(self, names: dict, op: ReduceOp, sharding: str | None) -> None:
-        """Raises ``ValueError`` for what it cannot reduce."""
-        if sharding:
-            raise ValueError(f"DistributedOptimizer: compression={self!r} cannot be combined "
-                             f"with sharding={sharding!r} (sharded gradients are "
-                             f"reduce-scattered, not averaged whole)")
-        if op not in (Average, Sum):
-            raise ValueError(f"DistributedOptimizer: compression={self!r} averages or sums; "
-                             f"op={ReduceOp(op).name} cannot be compressed that way")
-        for p, name in names.items():
-            if p.requires_grad and not p.dtype.is_floating_point:
-                raise ValueError(f"DistributedOptimizer: compression={self!r} needs floating-"
-                                 f"point gradients; parameter '{name}' is {p.dtype}")
-
     def reset(self) -> None:
         """Forgets the errors and the step count (a new world)."""
+        super().reset()
         self._errors.clear()
-        self.iteration = 0
 
     def start(self, named_grads: list[tuple[str, torch.Tensor]], op: ReduceOp) -> _Round:
         signs, plain = [], []
@@ -178,6 +153,3 @@ class OneBit(Compressor):
     def finish(self, round_: _Round, ranks: int) -> None:
         """Nothing left: :meth:`second` wrote the compressed gradients and
         the allreduce the others."""
-
-    def end_step(self) -> None:
-        self.iteration += 1

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from hora.common.basics import Average, ReduceOp, Sum
-from hora.common.compression import Compressor
+from hora.torch.stateful_compression import StatefulCompressor
 
 _EPSILON = 1e-8
 
@@ -76,14 +76,11 @@ class _Round:
     second_op = Average  # the Q matrices
 
 
-class PowerSGD(Compressor):
+class PowerSGD(StatefulCompressor):
     """The PowerSGD compressor; make one with
     ``hvd.Compression.powersgd(rank=1, start_iter=10)``."""
 
-    # DistributedOptimizer hands it whole units (start, second, finish) and
-    # runs the two allreduces itself
-    stateful = True
-    first_collective = "allreduce"
+    what_travels = "two allreduces per step"
 
     def __init__(self, rank: int = 1, start_iter: int = 10, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, seed: int = 0):
@@ -102,7 +99,7 @@ class PowerSGD(Compressor):
         self.min_compression_rate = float(min_compression_rate)
         self.error_feedback = bool(error_feedback)
         self.seed = seed
-        self.iteration = 0  # steps completed
+        super().__init__()
         self._state: dict[str, dict[str, Any]] = {}  # gradient name -> q, error
 
     def __repr__(self):
@@ -110,38 +107,11 @@ class PowerSGD(Compressor):
                 f"min_compression_rate={self.min_compression_rate:g}, "
                 f"error_feedback={self.error_feedback})")
 
-    # --- Horovod's Compressor interface: one collective cannot carry PowerSGD
-
-    def compress(self, tensor):
-        raise ValueError("Compression.powersgd compresses DistributedOptimizer's gradients (two "
-                         "allreduces per step and state kept between steps); a single "
-                         "collective takes Compression.none, fp16 or bf16")
-
-    def decompress(self, tensor, ctx):
-        raise ValueError("Compression.powersgd has no decompress of its own: it works inside "
-                         "DistributedOptimizer")
-
-    # --- checks at DistributedOptimizer's construction ------------------------
-
-    def check(self, names: dict, op: ReduceOp, sharding: str | None) -> None:
-        """Raises ``ValueError`` for what PowerSGD cannot reduce."""
-        if sharding:
-            raise ValueError(f"DistributedOptimizer: compression={self!r} cannot be combined "
-                             f"with sharding={sharding!r} (sharded gradients are "
-                             f"reduce-scattered, not averaged whole)")
-        if op not in (Average, Sum):
-            raise ValueError(f"DistributedOptimizer: compression={self!r} averages or sums; "
-                             f"op={ReduceOp(op).name} cannot be compressed that way")
-        for p, name in names.items():
-            if p.requires_grad and not p.dtype.is_floating_point:
-                raise ValueError(f"DistributedOptimizer: compression={self!r} needs floating-"
-                                 f"point gradients; parameter '{name}' is {p.dtype}")
-
     def reset(self) -> None:
         """Forgets ``Q``, the errors and the step count (every rank must do
         it at the same step: a new world, for instance)."""
+        super().reset()
         self._state.clear()
-        self.iteration = 0
 
     # --- one unit's reduction -------------------------------------------------
 
@@ -219,10 +189,6 @@ class PowerSGD(Compressor):
                 if scale is not None:
                     approximation.mul_(scale)
                 m.grad.copy_(approximation.view(m.grad.shape))
-
-    def end_step(self) -> None:
-        """Counts a step (for ``start_iter``)."""
-        self.iteration += 1
 
     def wire_elements(self, shapes: list[torch.Size]) -> int:
         """How many numbers one compressed step sends for gradients of
