@@ -73,16 +73,14 @@ class _LocalSGDOptimizer:
 
     def _hora_average(self):
         from hora.torch import mpi_ops
-        params = self._hora_local_params
+        params = [p.detach() for p in self._hora_local_params]
         with torch.no_grad():
-            averaged = mpi_ops.grouped_allreduce(
-                [p.detach() for p in params], name="local_sgd.parameters", op=Average,
-                process_set=self._hora_process_set)
+            # the parameters become their average, in place
+            mpi_ops.grouped_allreduce_(params, name="local_sgd.parameters", op=Average,
+                                       process_set=self._hora_process_set)
             if self._hora_outer is None:
-                for p, mean in zip(params, averaged):
-                    p.copy_(mean)
                 return
-            for anchor, mean in zip(self._hora_anchor, averaged):
+            for anchor, mean in zip(self._hora_anchor, params):
                 anchor.grad = anchor - mean
         self._hora_outer.step()
         with torch.no_grad():

@@ -50,7 +50,7 @@ def pack_signs(matrix: torch.Tensor) -> torch.Tensor:
 def unpack_signs(packed: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
     """+1 and -1 from :func:`pack_signs`' bytes: the first ``count`` of
     each row (``packed`` is one row, or one row per rank)."""
-    rows = packed.view(-1, packed.shape[-1]) if packed.dim() > 1 else packed.view(1, -1)
+    rows = packed if packed.dim() > 1 else packed.view(1, -1)
     if rows.device.type == "cpu":
         bits = torch.from_numpy(np.unpackbits(rows.numpy(), axis=1, count=count))
     else:
@@ -61,29 +61,30 @@ def unpack_signs(packed: torch.Tensor, count: int, dtype: torch.dtype) -> torch.
 
 
 class _Signs:
-    __slots__ = ("name", "grad", "error", "bits", "scale")
+    """One gradient compressed in a round, and where its bits sit in the
+    unit's packed bytes."""
 
-    def __init__(self, name, grad, error, bits, scale):
-        self.name, self.grad, self.error, self.bits, self.scale = name, grad, error, bits, scale
+    __slots__ = ("grad", "error", "scale", "offset", "nbytes")
+
+    def __init__(self, grad, error, scale, offset, nbytes):
+        self.grad, self.error, self.scale = grad, error, scale
+        self.offset, self.nbytes = offset, nbytes
 
 
 class _Round:
-    """One unit's reduction: the allgather of bits and scales first, then
-    an allreduce of the gradients sent as they are."""
+    """One unit's reduction: the allgather of its packed bits and scales
+    first (two tensors, whatever the number of gradients), then an
+    allreduce of the gradients sent as they are."""
 
-    __slots__ = ("signs", "plain", "op")
+    __slots__ = ("signs", "plain", "op", "first")
     first_op = None  # an allgather has no op
 
-    def __init__(self, signs, plain, op):
-        self.signs, self.plain, self.op = signs, plain, op
+    def __init__(self, signs, plain, op, first):
+        self.signs, self.plain, self.op, self.first = signs, plain, op, first
 
     @property
     def second_op(self) -> ReduceOp:
         return self.op
-
-    @property
-    def first(self) -> list[torch.Tensor]:
-        return [s.bits for s in self.signs] + [s.scale for s in self.signs]
 
 
 class OneBit(StatefulCompressor):
@@ -112,7 +113,7 @@ class OneBit(StatefulCompressor):
         self._errors.clear()
 
     def start(self, named_grads: list[tuple[str, torch.Tensor]], op: ReduceOp) -> _Round:
-        signs, plain = [], []
+        signs, plain, packed, scales, offset = [], [], [], [], 0
         with torch.no_grad():
             for name, grad in named_grads:
                 if (self.iteration < self.start_iter or grad.is_sparse
@@ -123,28 +124,34 @@ class OneBit(StatefulCompressor):
                 if error is None or error.shape != grad.shape or error.dtype != grad.dtype:
                     error = self._errors[name] = torch.zeros_like(grad)
                 error.add_(grad)  # M = gradient + error, kept where the error lives
-                scale = error.abs().mean().reshape(1).to(torch.float32)
-                signs.append(_Signs(name, grad, error, pack_signs(error), scale))
-        return _Round(signs, plain, op)
+                scales.append(error.abs().mean().to(torch.float32))
+                packed.append(pack_signs(error))
+                signs.append(_Signs(grad, error, scales[-1], offset, packed[-1].numel()))
+                offset += packed[-1].numel()
+        first = [torch.cat(packed), torch.stack(scales)] if signs else []
+        return _Round(signs, plain, op, first)
 
     def second(self, round_: _Round, gathered: Any = None) -> list[torch.Tensor]:
-        """After the allgather (``gathered``: the gathered bits then scales):
-        decodes and averages every rank's signs into each gradient, keeps
-        this rank's errors; returns the gradients to allreduce as they are."""
+        """After the allgather (``gathered``: every rank's packed bits, then
+        every rank's scales): decodes and averages every rank's signs into
+        each gradient, keeps this rank's errors; returns the gradients to
+        allreduce as they are."""
         if round_.signs:
-            count = len(round_.signs)
-            bits, scales = gathered[:count], gathered[count:]
+            all_bits, all_scales = gathered
+            ranks = all_scales.numel() // len(round_.signs)
+            per_rank_bits = all_bits.view(ranks, -1)
+            per_rank_scales = all_scales.view(ranks, -1)
             with torch.no_grad():
-                for s, all_bits, all_scales in zip(round_.signs, bits, scales):
-                    ranks = all_scales.numel()
-                    per_rank = all_bits.view(ranks, -1)
+                for i, s in enumerate(round_.signs):
+                    dtype = s.grad.dtype
                     # every rank's signs times its scale, summed in rank
                     # order: the same sum on every rank
-                    decoded = unpack_signs(per_rank, s.grad.numel(), s.grad.dtype)
-                    total = (decoded * all_scales.to(s.grad.dtype).view(-1, 1)).sum(dim=0)
-                    mine = unpack_signs(s.bits, s.grad.numel(), s.grad.dtype)
-                    mine.mul_(s.scale.to(s.grad.dtype))
-                    s.error.sub_(mine.view_as(s.error))  # M - C
+                    decoded = unpack_signs(per_rank_bits[:, s.offset:s.offset + s.nbytes],
+                                           s.grad.numel(), dtype)
+                    total = (decoded * per_rank_scales[:, i:i + 1].to(dtype)).sum(dim=0)
+                    # this rank's own C = scale * sign(M), as it was packed
+                    scale = s.scale.to(dtype)
+                    s.error.sub_(torch.where(s.error >= 0, scale, -scale))  # M - C
                     if round_.op == Average:
                         total.div_(ranks)
                     s.grad.copy_(total.view_as(s.grad))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hora.common._adapter.handles import wait_all
+from hora.common._adapter.handles import DoneHandle, wait_all
 from hora.common.basics import Adasum, Average, ReduceOp
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraError
@@ -172,10 +172,12 @@ class _DistributedOptimizer(SynchronizeSwitch):
             compression = self._hora_compression
             round_ = compression.start([(self._hora_names[p], p.grad) for p in params],
                                        self._hora_op)
-            if compression.first_collective == "allgather":
+            if not round_.first:  # nothing compressed or sent in the first collective
+                handle = DoneHandle([])
+            elif compression.first_collective == "allgather":
                 handle = mpi_ops.grouped_allgather_async(
                     round_.first, name=f"{name}.compressed.first",
-                    process_set=self._hora_process_set) if round_.first else None
+                    process_set=self._hora_process_set)
             else:
                 handle = mpi_ops.grouped_allreduce_async_(
                     round_.first, name=f"{name}.compressed.first", op=round_.first_op,
@@ -302,7 +304,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
         entries = [entry for index in range(len(self._hora_units))
                    for entry in self._hora_pending[index]]
         try:
-            results = wait_all([entry[1] for entry in entries if entry[1] is not None])
+            results = wait_all([entry[1] for entry in entries])
         except HoraError as error:
             raise self._hora_name_group_member(error, entries) from None
         finally:
@@ -310,8 +312,6 @@ class _DistributedOptimizer(SynchronizeSwitch):
             self._hora_ready.clear()
             for p in self._hora_delay:
                 self._hora_delay[p] = self.backward_passes_per_step
-        results_of = iter(results)
-        results = [next(results_of) if entry[1] is not None else None for entry in entries]
         rounds = [(entry[2], result) for entry, result in zip(entries, results)
                   if entry[0] == "compressed"]
         if rounds:

@@ -53,10 +53,10 @@ class _Matrix:
     """One gradient compressed in a round: its matrix ``M`` (gradient plus
     error), its ``P`` and the ``Q`` that will travel."""
 
-    __slots__ = ("name", "grad", "state", "matrix", "p", "q")
+    __slots__ = ("grad", "state", "matrix", "p", "q")
 
-    def __init__(self, name, grad, state, matrix, p):
-        self.name, self.grad, self.state, self.matrix, self.p = name, grad, state, matrix, p
+    def __init__(self, grad, state, matrix, p):
+        self.grad, self.state, self.matrix, self.p = grad, state, matrix, p
         self.q = None
 
 
@@ -156,7 +156,7 @@ class PowerSGD(StatefulCompressor):
                 matrix = grad.reshape(shape)
                 if self.error_feedback:
                     matrix = matrix + state["error"]
-                matrices.append(_Matrix(grad_name, grad, state, matrix, matrix @ state["q"]))
+                matrices.append(_Matrix(grad, state, matrix, matrix @ state["q"]))
         # with P matrices in the round everything is averaged (a sum is
         # scaled back in finish()); without, the op is used as it is
         first_op = Average if matrices or op == Average else Sum
@@ -189,21 +189,3 @@ class PowerSGD(StatefulCompressor):
                 if scale is not None:
                     approximation.mul_(scale)
                 m.grad.copy_(approximation.view(m.grad.shape))
-
-    def wire_elements(self, shapes: list[torch.Size]) -> int:
-        """How many numbers one compressed step sends for gradients of
-        ``shapes`` (for reports: what each rank contributes to the two
-        collectives)."""
-        total = 0
-        for shape in shapes:
-            n = shape[0] if len(shape) else 1
-            numel = 1
-            for d in shape:
-                numel *= d
-            m = numel // n if n else 0
-            rank = min(self.rank, n, m)
-            if (len(shape) >= 2 and rank and n * m >= self.min_compression_rate * (n + m) * rank):
-                total += (n + m) * rank
-            else:
-                total += numel
-        return total
