@@ -78,9 +78,9 @@ def parse(argv):
     for option in ("num_batches_per_iter", "num_iters"):
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1")
-    if args.num_warmup_batches < train_variants.POWERSGD_START:
-        parser.error(f"--num-warmup-batches must be at least {train_variants.POWERSGD_START} "
-                     f"(the uncompressed steps before PowerSGD starts)")
+    if args.num_warmup_batches < train_variants.COMPRESSION_START:
+        parser.error(f"--num-warmup-batches must be at least {train_variants.COMPRESSION_START} "
+                     f"(the uncompressed steps before compression starts)")
     return args
 
 

@@ -109,9 +109,10 @@ class HoraFp16(Hora):
         return hvd.Compression.fp16
 
 
-# PowerSGD starts after the uncompressed steps DDP's hook needs (2), which
+# PowerSGD and one-bit start after the uncompressed steps DDP's PowerSGD hook
+# needs (2), which
 # the warm-up batches cover
-POWERSGD_START = 2
+COMPRESSION_START = 2
 
 
 def _hora_powersgd(rank):
@@ -119,7 +120,7 @@ def _hora_powersgd(rank):
         name, label = f"hora_powersgd{rank}", f"hora, Compression.powersgd(rank={rank})"
 
         def _compression(self):
-            return hvd.Compression.powersgd(rank=rank, start_iter=POWERSGD_START)
+            return hvd.Compression.powersgd(rank=rank, start_iter=COMPRESSION_START)
     return HoraPowerSGD
 
 
@@ -127,7 +128,7 @@ class HoraOneBit(Hora):
     name, label = "hora_onebit", "hora, Compression.onebit() (signs and a scale)"
 
     def _compression(self):
-        return hvd.Compression.onebit(start_iter=POWERSGD_START)
+        return hvd.Compression.onebit(start_iter=COMPRESSION_START)
 
 
 def _hora_local(steps):
@@ -225,7 +226,7 @@ def _ddp_powersgd(rank):
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
             state = powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=rank,
-                start_powerSGD_iter=POWERSGD_START)
+                start_powerSGD_iter=COMPRESSION_START)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return DdpPowerSGD
 
