@@ -110,8 +110,7 @@ class HoraFp16(Hora):
 
 
 # PowerSGD and one-bit start after the uncompressed steps DDP's PowerSGD hook
-# needs (2), which
-# the warm-up batches cover
+# needs (2), which the warm-up batches cover
 COMPRESSION_START = 2
 
 
