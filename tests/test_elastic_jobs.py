@@ -116,7 +116,8 @@ def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_pat
     rank interrupted, not from the last commit (batch 4)."""
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT], job_env,
+        ["-np", "3", "--min-np", "2", "--elastic-in-place", "--no-replace", sys.executable,
+         SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": f"0:{lost}:1:6:kill",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
@@ -127,6 +128,42 @@ def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_pat
     results = _params(prefix, 2)
     _assert_same(results[1:], results)
     assert all(r["size"] == 2 and r["resets"] == 1 for r in results)
+
+
+@pytest.mark.parametrize("lost,fault", [
+    (2, "0:2:0:6:kill"),
+    # rank 0 lost, and then the first replacement too, while it takes the
+    # state: the world re-forms again and starts another
+    (0, "0:0:0:3:kill,0:3:0:0:joiner-at-start"),
+])
+def test_a_replacement_joins_in_place(lost, fault, job_env, tmp_path):
+    """--elastic-in-place without --no-replace: the survivors start a
+    replacement for the lost rank, go on training while it starts, and
+    take it in at a commit; the world ends as big as it began, every rank
+    with the same parameters, and nothing was launched again."""
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT], job_env,
+        tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
+                   "HORA_TEST_STEP_SLEEP": "0.3",
+                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    assert f"horarun: rank {lost} on host" in output, output
+    assert "horarun: replacement process 3 started" in output, output
+    assert "replacement process(es) joined; 3 ranks go on in place" in output, output
+    assert "elastic reset" not in output, output  # nothing was launched again
+    results = _params(prefix, 3)
+    _assert_same(results[1:], results)
+    assert all(r["size"] == 3 for r in results)
+    joiners = [r["joiner"] for r in results if r["joiner"] is not None]
+    if "joiner-at-start" in fault:
+        assert "horarun: rank 3 on host" in output, output  # the first replacement
+        assert "horarun: replacement process 4 started" in output, output
+        assert joiners == ["4"], output
+    else:
+        assert joiners == ["3"], output
+    # the replacement took the state after the survivors' reset callbacks
+    assert len({r["resets"] for r in results}) == 1, [r["resets"] for r in results]
 
 
 def test_losing_every_process_resumes_when_launched_again(references, job_env, tmp_path):

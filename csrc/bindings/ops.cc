@@ -630,8 +630,7 @@ void RegisterOps(py::module_& m) {
   m.def("submit", &Submit, py::arg("kind"), py::arg("tensors"), py::arg("names"),
         py::arg("options"), py::arg("outputs") = py::none());
   // Whether submissions should say where they come from (debug log level).
-  m.def("records_call_sites",
-        [] { return CurrentEngine()->config().log_level <= LogLevel::kDebug; });
+  m.def("records_call_sites", [] { return CurrentConfig().log_level <= LogLevel::kDebug; });
 
   m.def("join", [] {
     std::shared_ptr<Engine> engine = CurrentEngine();

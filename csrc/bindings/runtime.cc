@@ -36,7 +36,12 @@ void Shutdown() {
   ReleaseFinishedOrphans();  // shutdown completed every collective in flight
 }
 
-const Topology& Topo() { return CurrentEngine()->topology(); }
+Topology Topo() {
+  Topology topology;
+  Status status = runtime::CurrentTopology(&topology);
+  if (!status.ok()) ThrowStatus(status);
+  return topology;
+}
 
 // Waits for an add/remove-process-set change (collective over the job).
 std::shared_ptr<Work> WaitForChange(Status submitted, std::shared_ptr<Work> work) {
@@ -64,6 +69,15 @@ std::shared_ptr<Engine> CurrentEngine() {
   Status status = runtime::Current(&engine);
   if (!status.ok()) ThrowStatus(status);
   return engine;
+}
+
+Config CurrentConfig() {
+  std::shared_ptr<Engine> engine;
+  if (runtime::Current(&engine).ok()) return engine->config();
+  Config config;
+  Status status = Config::FromEnvironment(&config);
+  if (!status.ok()) ThrowStatus(status);
+  return config;
 }
 
 void RegisterRuntime(py::module_& m) {
@@ -95,13 +109,7 @@ void RegisterRuntime(py::module_& m) {
   });
   m.def("dynamic_process_sets", [] { return CurrentEngine()->config().dynamic_process_sets; });
   // Also before init (an optimizer may be wrapped first): then read now.
-  m.def("gradient_bucket_bytes", [] {
-    if (runtime::IsInitialized()) return CurrentEngine()->config().gradient_bucket_bytes;
-    Config config;
-    Status status = Config::FromEnvironment(&config);
-    if (!status.ok()) ThrowStatus(status);
-    return config.gradient_bucket_bytes;
-  });
+  m.def("gradient_bucket_bytes", [] { return CurrentConfig().gradient_bucket_bytes; });
   m.def("add_process_set", [](const std::vector<int>& ranks) {
     std::shared_ptr<Engine> engine = CurrentEngine();
     std::shared_ptr<Work> work;
@@ -123,6 +131,41 @@ void RegisterRuntime(py::module_& m) {
       status = runtime::Reform(&seconds);
     }
     ReleaseFinishedOrphans();  // the old engine completed every collective in flight
+    if (!status.ok()) ThrowStatus(status);
+    return seconds;
+  });
+  m.def(
+      "start_growth",
+      [](const std::vector<std::string>& argv, int count) {
+        Status status = runtime::StartGrowth(argv, count);
+        if (!status.ok()) ThrowStatus(status);
+      },
+      py::arg("argv"), py::arg("count"));
+  m.def("growth_state", [] {
+    std::string error;
+    const runtime::GrowthState state = runtime::Growth(&error);
+    const char* names[] = {"none", "starting", "ready", "failed"};
+    return std::make_pair(std::string(names[static_cast<int>(state)]), error);
+  });
+  m.def("grow", [] {
+    Status status;
+    double seconds = 0.0;
+    {
+      py::gil_scoped_release release;
+      status = runtime::Grow(&seconds);
+    }
+    ReleaseFinishedOrphans();
+    if (!status.ok()) ThrowStatus(status);
+    return seconds;
+  });
+  m.def("joining", &runtime::Joining);
+  m.def("join_world", [] {
+    Status status;
+    double seconds = 0.0;
+    {
+      py::gil_scoped_release release;
+      status = runtime::Join(&seconds);
+    }
     if (!status.ok()) ThrowStatus(status);
     return seconds;
   });

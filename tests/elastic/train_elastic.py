@@ -8,8 +8,11 @@ HORA_TEST_FAULT="<launch>:<rank>:<epoch>:<batch>:<how>[,...]" makes rank
 launch) fail before that batch: "kill" (SIGKILL), "raise" (an exception in
 the training code), or "in-commit" (SIGKILL while its next commit is being
 written); "at-start" SIGKILLs it right after hvd.init(), while the world
-forms (epoch and batch ignored). At the end every rank saves its
-parameters to HORA_TEST_OUT.rank<N>.pt.
+forms (epoch and batch ignored); "joiner-at-start" does that to the
+replacement process with id <rank> (an in-place world's replacements get
+ids from the launch's size on), while it takes the state. At the end every
+rank saves its parameters (and whether it was a replacement) to
+HORA_TEST_OUT.rank<N>.pt.
 """
 
 import os
@@ -37,8 +40,11 @@ launch = os.environ.get("HORA_ELASTIC_RESTARTS", "0")
 # Faults name a rank of the world the process started in: a world re-formed
 # in place (--elastic-in-place) numbers the survivors anew.
 START_RANK = hvd.rank()
+JOINER_ID = os.environ.get("HORA_ELASTIC_JOINER_ID")
 for when, rank, _, _, how in faults:
     if how == "at-start" and when in ("*", launch) and int(rank) == START_RANK:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "joiner-at-start" and rank == JOINER_ID:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -55,7 +61,9 @@ def maybe_fail():
 
 
 def fail(when, rank, epoch, batch, how):
-    if when not in ("*", launch) or int(rank) != START_RANK or how == "at-start":
+    if when not in ("*", launch) or int(rank) != START_RANK or how.endswith("at-start"):
+        return
+    if JOINER_ID is not None:  # faults name the launch's ranks
         return
     if (int(epoch), int(batch)) != (state.epoch, state.batch):
         return
@@ -100,5 +108,6 @@ train(state)
 out = os.environ.get("HORA_TEST_OUT")
 if out:
     torch.save({"params": [p.detach().clone() for p in model.parameters()],
-                "size": hvd.size(), "resets": state.resets}, f"{out}.rank{hvd.rank()}.pt")
+                "size": hvd.size(), "resets": state.resets, "joiner": JOINER_ID},
+               f"{out}.rank{hvd.rank()}.pt")
 print(f"rank {hvd.rank()} done", file=sys.stderr, flush=True)

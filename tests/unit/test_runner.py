@@ -230,6 +230,16 @@ def test_rank_info_from_open_mpi():
     assert rank_exec.rank_info(env) == (3, 4, 1, 2)
 
 
+def test_a_replacement_is_known_by_its_id_and_sees_its_rank_in_the_world_it_joins():
+    # the second of two replacements started by a world of 2 survivors of 4
+    env = {"HORA_ELASTIC_JOINER_ID": "4", "HORA_ELASTIC_JOINER_RANK": "2",
+           "HORA_ELASTIC_TARGET_SIZE": "4"}
+    assert rank_exec.joiner_info(env, 1, 2, 1, 2) == (5, (3, 4, 1, 2))
+    assert rank_exec.joiner_info({}, 1, 2, 1, 2) is None
+    with pytest.raises(rank_exec.RankEnvError, match="JOINER"):
+        rank_exec.joiner_info({"HORA_ELASTIC_JOINER_ID": "x"}, 0, 1, 0, 1)
+
+
 def test_rank_info_from_hydra():
     env = {"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
     assert rank_exec.rank_info(env) == (2, 3, 0, 1)

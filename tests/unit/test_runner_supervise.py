@@ -28,10 +28,11 @@ def fake_mpirun(body):
     return [sys.executable, "-c", prelude + textwrap.dedent(body)]
 
 
-def run(body, num_proc=2, start_timeout=30):
+def run(body, num_proc=2, start_timeout=30, in_place=False):
     out, err, log = io.BytesIO(), io.BytesIO(), []
     began = time.monotonic()
-    outcome = supervise.run(fake_mpirun(body), num_proc, start_timeout, out, err, log.append)
+    outcome = supervise.run(fake_mpirun(body), num_proc, start_timeout, out, err, log.append,
+                            in_place=in_place)
     return outcome, out.getvalue(), err.getvalue(), log, time.monotonic() - began
 
 
@@ -210,3 +211,23 @@ def test_a_clean_mpirun_exit_with_ranks_unaccounted_for_is_a_failure():
     assert outcome.code == 1
     assert "rank(s) 1 never reported how they ended" in outcome.message
     assert supervise._outcome(0, 2, {0, 1}, None, None, False, 60, exited={0, 1}).code == 0
+
+
+def test_in_place_a_job_ends_well_when_every_rank_and_replacement_left_ends_well():
+    body = """
+        emit("started", 0); emit("started", 1)
+        emit("exited", 1, "signal=SIGKILL")
+        emit("started", 2)  # the replacement the survivors started
+        emit("exited", 0, "code=0"); emit("exited", 2, "code=0")
+    """
+    outcome, _, _, log, _ = run(body, in_place=True)
+    assert outcome.code == 0, outcome.message
+    assert "horarun: replacement process 2 started on host host2" in log
+    assert "ranks 0, 2 finished in place" in outcome.message
+    # a replacement that failed, as its peers went on, does not fail the job
+    outcome, *_ = run(body.replace('emit("exited", 2, "code=0")',
+                                   'emit("exited", 2, "signal=SIGKILL")'), in_place=True)
+    assert outcome.code == 0, outcome.message
+    # but a replacement whose end was never reported does
+    outcome, *_ = run(body.replace('emit("exited", 2, "code=0")', ''), in_place=True)
+    assert outcome.code != 0

@@ -7,7 +7,7 @@
 // the wake-up channel (wakeup/).
 //
 // All calls are collective over the communicator's ranks and are made from
-// an engine thread only (the job's, or a process set's over its own
+// an engine thread only (Spawn excepted, below) (the job's, or a process set's over its own
 // split). Reductions here cover the natively supported element types;
 // float16/bfloat16 are widened to float32 by the caller.
 #include <cstdint>
@@ -69,6 +69,37 @@ class Communicator {
   virtual Status Shrink(std::unique_ptr<Communicator>* out) {
     out->reset();
     return Status::Internal(Describe() + " cannot continue without a lost rank");
+  }
+
+  // Growth in place (MPI dynamic processes). StartSpawn starts `count`
+  // new processes running `argv` (argv[0] the program), collective over
+  // this communicator's ranks, and returns at once: unlike every other call
+  // the spawn runs on a thread of its own, over a duplicate made with this
+  // communicator, while the engine thread goes on using it. The Spawning
+  // says when the new processes are connected (as long as their start
+  // takes) and outlives this communicator. Merge then makes a communicator
+  // of this one's ranks followed by the new processes, collective over all
+  // of them (the new ones get theirs from CreateMpiWorld); it fails alike
+  // on every rank of this one when a new process was lost on the way.
+  class Spawning {
+   public:
+    virtual ~Spawning() = default;
+    virtual int count() const = 0;
+    // Whether the spawn has ended; its result once it has.
+    virtual bool Finished() const = 0;
+    virtual Status result() const = 0;
+  };
+  virtual Status StartSpawn(const std::vector<std::string>& argv, int count,
+                            std::shared_ptr<Spawning>* out) {
+    out->reset();
+    (void)argv;
+    (void)count;
+    return Status::Internal(Describe() + " cannot start processes that join the world");
+  }
+  virtual Status Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) {
+    out->reset();
+    (void)spawning;
+    return Status::Internal(Describe() + " cannot take processes into the world");
   }
 
   // Nonblocking point-to-point for the algorithms in algo/ (ring). Post*

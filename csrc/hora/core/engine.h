@@ -83,9 +83,13 @@ class Engine {
   // process when its thread could not be stopped.
   static void Release(std::shared_ptr<Engine> engine);
   // After Shutdown: the communicator (null when the thread was left
-  // behind, still using it).
+  // behind, still using it). The wake-up channel closes with it, so that
+  // a peer idle on that channel (not inside a transport call, which a
+  // revoke would end) learns that this rank has left the world.
   std::unique_ptr<Communicator> TakeCommunicator() {
-    return thread_left_running_ ? nullptr : std::move(comm_);
+    if (thread_left_running_) return nullptr;
+    wakeup_.reset();
+    return std::move(comm_);
   }
   // Whether an engine of this process stopped because the job broke (a
   // lost rank, a stall past the shutdown time, a transport error) rather
@@ -97,6 +101,9 @@ class Engine {
   const Topology& topology() const { return comm_->topology(); }
   const Config& config() const { return config_; }
   std::string TransportDescription() const { return comm_->Describe(); }
+  // For what may run beside the engine thread on the same transport
+  // (Communicator::StartSpawn and Merge).
+  Communicator* communicator() const { return comm_.get(); }
   // The timeline is written by rank 0; on other ranks these do nothing.
   Status StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();

@@ -20,6 +20,12 @@ namespace {
 std::mutex g_mutex;
 std::shared_ptr<Engine> g_engine;
 bool g_was_shut_down = false;
+std::shared_ptr<Communicator::Spawning> g_spawning;  // a growth under way
+// A replacement process between Init and Join: its place to be, and the
+// world options it joins with.
+bool g_joining = false;
+Topology g_place;
+MpiWorldOptions g_join_options;
 
 }  // namespace
 
@@ -35,6 +41,15 @@ Status Init(const InitOptions& options) {
   world.comm_handle = options.comm_handle;
   world.ranks = options.ranks;
   world.hostname = config.hostname;
+  if (g_joining) return Status::OK();
+  bool joining = false;
+  HORA_RETURN_IF_ERROR(StartJoining(world, &joining, &g_place).WithContext("hora.init"));
+  if (joining) {
+    g_joining = true;
+    g_join_options = world;
+    SetLogRank(g_place.rank);
+    return Status::OK();
+  }
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Engine> engine;
   Status status = CreateMpiWorld(world, &comm);
@@ -52,6 +67,7 @@ void Shutdown() {
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    g_spawning.reset();
     engine.swap(g_engine);
     if (engine) g_was_shut_down = true;
   }
@@ -67,6 +83,7 @@ Status Reform(double* seconds) {
   std::shared_ptr<Engine> old;
   old.swap(g_engine);
   g_was_shut_down = true;  // until the new engine runs
+  g_spawning.reset();      // the revoke below ends it, or it is left behind
   old->Shutdown();
   std::unique_ptr<Communicator> comm = old->TakeCommunicator();
   if (!comm) {
@@ -90,13 +107,103 @@ Status Reform(double* seconds) {
   return Status::OK();
 }
 
+Status StartGrowth(const std::vector<std::string>& argv, int count) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine) {
+    return Status::InvalidArgument(
+        "hora.start_growth: hora is not running; call hora.init() first");
+  }
+  if (g_spawning) return Status::InvalidArgument("hora.start_growth: a growth is under way");
+  return g_engine->communicator()->StartSpawn(argv, count, &g_spawning);
+}
+
+GrowthState Growth(std::string* error) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_spawning) return GrowthState::kNone;
+  if (!g_spawning->Finished()) return GrowthState::kStarting;
+  Status status = g_spawning->result();
+  if (status.ok()) return GrowthState::kReady;
+  *error = status.message();
+  return GrowthState::kFailed;
+}
+
+Status Grow(double* seconds) {
+  const auto began = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine || !g_spawning) {
+    return Status::InvalidArgument("hora.grow: no growth was started");
+  }
+  std::shared_ptr<Communicator::Spawning> spawning;
+  spawning.swap(g_spawning);
+  // The world of both is made beside the running engine: when a new
+  // process was lost on the way, that engine simply goes on.
+  std::unique_ptr<Communicator> grown;
+  HORA_RETURN_IF_ERROR(
+      g_engine->communicator()->Merge(spawning.get(), &grown).WithContext("hora.grow"));
+  std::shared_ptr<Engine> old;
+  old.swap(g_engine);
+  g_was_shut_down = true;  // until the new engine runs
+  Engine::Release(std::move(old));
+  Config config;
+  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
+  SetLogRank(grown->rank());
+  std::unique_ptr<Engine> engine;
+  HORA_RETURN_IF_ERROR(Engine::Start(std::move(grown), config, &engine).WithContext("hora.grow"));
+  g_engine = std::move(engine);
+  g_was_shut_down = false;
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return Status::OK();
+}
+
+bool Joining() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_joining;
+}
+
+Status Join(double* seconds) {
+  const auto began = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_joining) return Status::InvalidArgument("hora.join: this process is not waiting to join");
+  Config config;
+  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
+  std::unique_ptr<Communicator> comm;
+  HORA_RETURN_IF_ERROR(FinishJoining(g_join_options, &comm).WithContext("hora.join"));
+  g_joining = false;
+  SetLogRank(comm->rank());
+  std::unique_ptr<Engine> engine;
+  HORA_RETURN_IF_ERROR(Engine::Start(std::move(comm), config, &engine).WithContext("hora.join"));
+  g_engine = std::move(engine);
+  g_was_shut_down = false;
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return Status::OK();
+}
+
+Status CurrentTopology(Topology* out) {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_joining) {
+      *out = g_place;
+      return Status::OK();
+    }
+  }
+  std::shared_ptr<Engine> engine;
+  HORA_RETURN_IF_ERROR(Current(&engine));
+  *out = engine->topology();
+  return Status::OK();
+}
+
 bool IsInitialized() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return static_cast<bool>(g_engine);
+  return static_cast<bool>(g_engine) || g_joining;
 }
 
 Status Current(std::shared_ptr<Engine>* out) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine && g_joining) {
+    return Status::InvalidArgument(
+        "this process replaces a lost rank and joins the world in hvd.elastic.run (at the "
+        "world's next commit); it cannot take part in collectives before");
+  }
   if (!g_engine) {
     return Status::InvalidArgument(
         g_was_shut_down ? "hora has been shut down; call hora.init() again before using it"

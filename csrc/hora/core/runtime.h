@@ -25,7 +25,16 @@ struct InitOptions {
 
 // Reads the configuration, forms the world and starts the engine;
 // collective over the world's ranks. Does nothing when hora is running.
+// A process started to replace a lost rank (StartGrowth) learns its place
+// in the world instead and joins it later, with Join.
 Status Init(const InitOptions& options);
+// Whether this process waits to join (Init was called, Join not yet).
+bool Joining();
+// Joins the world this process was started for (collective with the
+// world's Grow) and starts the engine.
+Status Join(double* seconds);
+// This process's place: the engine's, or the one it will have once joined.
+Status CurrentTopology(Topology* out);
 // Stops the engine (telling the other ranks); idempotent.
 void Shutdown();
 bool IsInitialized();
@@ -34,6 +43,17 @@ bool IsInitialized();
 // Communicator::Shrink). Collective over the survivors; the process sets
 // are gone with the old world. `seconds` gets how long it took.
 Status Reform(double* seconds);
+// Growth in place: StartGrowth starts `count` processes running `argv`,
+// which join the world (Communicator::StartSpawn); collective, and
+// returns at once while the engine goes on. GrowthState says how far it
+// is. Grow, collective over the world and the new processes, then forms
+// the world of both (the new ones last) and starts a new engine over it;
+// when a new process was lost on the way it fails alike everywhere and
+// the old engine goes on. A Reform abandons a growth under way.
+Status StartGrowth(const std::vector<std::string>& argv, int count);
+enum class GrowthState { kNone, kStarting, kReady, kFailed };
+GrowthState Growth(std::string* error);
+Status Grow(double* seconds);
 // The running engine, or an error naming the fix (init first, or again
 // after a shutdown).
 Status Current(std::shared_ptr<Engine>* out);

@@ -5,9 +5,13 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     to the first training step of the next world. Relaunched (the default
     mode; 2 ranks, PyTorch imported again by every new rank), it splits into
     the relaunch up to ``hora.init()`` returning and restoring the commit;
-    in place (``--elastic-in-place``; 2, 3 and 4 ranks) into detecting the
-    loss, re-forming the world and syncing the state (until the reset
-    callbacks run), and the redone step.
+    in place (``--elastic-in-place --no-replace``; 2, 3 and 4 ranks) into
+    detecting the loss and re-forming the world (until the reset callbacks
+    run), and syncing the state with the redone step. With a replacement
+    (``--elastic-in-place``, 3 ranks, steps slowed to 30 ms so that the job
+    outlasts the replacement's start): the time from the replacement
+    process's start to its first step in the world, and the survivors'
+    pause (from the commit at which it joins to their next step).
 commit: ``state.commit()`` of a TorchState whose model has N MB of float32
     parameters (plus as much SGD momentum), in one process: the time the
     training thread spends in commit(), and how long the background write
@@ -39,8 +43,8 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
-    parser.add_argument("--modes", default="relaunch,in-place",
-                        help="recovery: relaunch and/or in-place (default both)")
+    parser.add_argument("--modes", default="relaunch,in-place,replace",
+                        help="recovery: relaunch, in-place and/or replace (default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--skip-recovery", action="store_true",
@@ -49,10 +53,14 @@ def build_parser():
     return parser
 
 
-def _recovery_job(ranks: int, in_place: bool, folder: str) -> dict[str, float]:
+def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
+    in_place = mode != "relaunch"
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
                HORA_BENCH_KILL_STEP="30")
-    extra = ["--elastic-in-place"] if in_place else []
+    extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
+             "replace": ["--elastic-in-place"]}[mode]
+    if mode == "replace":
+        env.update(HORA_BENCH_STEPS="300", HORA_BENCH_STEP_SLEEP="0.03")
     done = subprocess.run(
         [sys.executable, "-m", "hora.runner", "-np", str(ranks), "--min-np", str(ranks - 1 if
                                                                                 in_place else
@@ -67,6 +75,8 @@ def _recovery_job(ranks: int, in_place: bool, folder: str) -> dict[str, float]:
     events = {m.group(1): float(m.group(2))
               for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
     needed = ["killed", "first_step"] + (["reset"] if in_place else ["initialized", "restored"])
+    if mode == "replace":
+        needed += ["joiner_started", "joiner_first_step", "grow_commit", "grown_first_step"]
     if any(name not in events for name in needed):
         raise RuntimeError(f"the recovery job did not report its events:\n{output[-4000:]}")
     return events
@@ -75,24 +85,31 @@ def _recovery_job(ranks: int, in_place: bool, folder: str) -> dict[str, float]:
 def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[dict]:
     rows = []
     for mode in modes:
-        for ranks in (sizes if mode == "in-place" else [2]):
+        for ranks in {"in-place": sizes, "replace": [3]}.get(mode, [2]):
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
-                    events = _recovery_job(ranks, mode == "in-place", folder)
+                    events = _recovery_job(ranks, mode, folder)
                 row: dict[str, float | int | str] = {
                     "mode": mode, "ranks": ranks,
                     "kill_to_first_step_s": events["first_step"] - events["killed"]}
-                if mode == "in-place":
+                if mode != "relaunch":
                     settle = events["reset"] - events["killed"]
                     redone = events["first_step"] - events["reset"]
                     row.update(kill_to_reset_s=settle, redone_step_s=redone)
-                    split = (f"{settle * 1e3:.0f} ms to detect, re-form and sync, "
-                             f"{redone * 1e3:.0f} ms for the redone step")
+                    split = (f"{settle * 1e3:.0f} ms to detect and re-form, "
+                             f"{redone * 1e3:.0f} ms to sync and redo the step")
                 else:
                     init = events["initialized"] - events["killed"]
                     restore = events["restored"] - events["initialized"]
                     row.update(kill_to_init_s=init, restore_s=restore)
                     split = f"{init:.2f} s to hora.init(), {restore:.2f} s restoring"
+                if mode == "replace":
+                    joined = events["joiner_first_step"] - events["joiner_started"]
+                    pause = events["grown_first_step"] - events["grow_commit"]
+                    row.update(replacement_start_to_step_s=joined, survivors_pause_s=pause)
+                    split += (f"; the replacement's first step {joined:.2f} s after its start, "
+                              f"the survivors paused {pause * 1e3:.0f} ms (a step: 30 ms "
+                              f"of sleep and ~1 ms of work)")
                 rows.append(row)
                 print(f"  {mode}, {ranks} ranks: {row['kill_to_first_step_s']:.3f} s from "
                       f"SIGKILL to the first step after it ({split})", flush=True)

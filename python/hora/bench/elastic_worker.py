@@ -2,41 +2,55 @@
 prints timestamped events (``bench-elastic <event> <time>``), and the last
 rank of the first world SIGKILLs itself at step HORA_BENCH_KILL_STEP. In
 place (HORA_ELASTIC_IN_PLACE=1) the survivors report when their reset
-callback ran (the world re-formed and the state synced) and their first
-step after it; relaunched, rank 0 of the next world reports init, restore
-and its first step."""
+callback ran (the world re-formed) and their first step after it; with a
+replacement, the replacement reports its start and its first step, and
+the survivors the commit at which it joined and their first step after;
+relaunched, rank 0 of the next world reports init, restore and its first
+step. HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains."""
 
-import os
-import signal
 import time
 
-import torch
+STARTED = time.time()  # before the imports: a replacement's start
 
-import hora.torch as hvd
+import os  # noqa: E402
+import signal  # noqa: E402
+
+import torch  # noqa: E402
+
+import hora.torch as hvd  # noqa: E402
 
 
-def event(name):
-    print(f"bench-elastic {name} {time.time():.6f}", flush=True)
+def event(name, when=None):
+    print(f"bench-elastic {name} {time.time() if when is None else when:.6f}", flush=True)
 
 
 hvd.init()
 launch = int(os.environ.get("HORA_ELASTIC_RESTARTS", "0"))
+joiner = "HORA_ELASTIC_JOINER_ID" in os.environ
+if joiner:
+    event("joiner_started", STARTED)
 victim = hvd.size() - 1
 resets = [0]
 if launch > 0 and hvd.rank() == 0:
     event("initialized")
 kill_step = int(os.environ.get("HORA_BENCH_KILL_STEP", "30"))
+steps = int(os.environ.get("HORA_BENCH_STEPS", str(2 * kill_step)))
+step_sleep = float(os.environ.get("HORA_BENCH_STEP_SLEEP", "0"))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                      named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+last_commit = [0.0]
 
 
 def on_reset():
     resets[0] += 1
     if launch == 0 and hvd.rank() == 0:
-        event("reset")
+        if resets[0] == 1:
+            event("reset")
+        elif resets[0] == 2:  # the replacement joined at the last commit
+            event("grow_commit", last_commit[0])
 
 
 state.register_reset_callbacks([on_reset])
@@ -44,23 +58,28 @@ state.register_reset_callbacks([on_reset])
 
 @hvd.elastic.run
 def train(state):
-    recovering = launch > 0 or resets[0] > 0
+    recovering = launch > 0 or resets[0] > 0 or joiner
     if launch > 0 and hvd.rank() == 0:
         event("restored")
     first = True
-    while state.step < 2 * kill_step:
-        if launch == 0 and resets[0] == 0 and hvd.rank() == victim and state.step == kill_step:
+    while state.step < steps:
+        if (launch == 0 and resets[0] == 0 and not joiner and hvd.rank() == victim
+                and state.step == kill_step):
             event("killed")
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(step_sleep)
         x = torch.randn(32, 64)
         optimizer.zero_grad()
         model(x).pow(2).mean().backward()
         optimizer.step()
-        if first and recovering and hvd.rank() == 0:
-            event("first_step")
+        if first and recovering and (hvd.rank() == 0 or joiner):
+            name = "joiner_first_step" if joiner else (
+                "grown_first_step" if resets[0] == 2 else "first_step")
+            event(name)
         first = False
         state.step += 1
         if state.step % 10 == 0:
+            last_commit[0] = time.time()
             state.commit()
 
 

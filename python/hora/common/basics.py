@@ -66,7 +66,9 @@ def init(comm: Any | Iterable[int] | None = None,
     _C.init(handle, ranks, dynamic)
     failure_report.install()
     call_site.refresh()
-    if not running:
+    if not running and not _C.joining():
+        # (a replacement joining an elastic world in place does this when it
+        # joins, in hvd.elastic.run)
         process_set_setup.setup_at_init(process_sets)
 
 

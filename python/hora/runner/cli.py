@@ -153,7 +153,12 @@ def build_parser():
     elastic.add_argument("--elastic-in-place", action="store_true",
                          help="after a lost rank the other ranks keep their processes and go "
                               "on from the state they hold, in a world re-formed in place "
-                              "(Open MPI 5 with ULFM; other MPIs relaunch every rank)")
+                              "(Open MPI 5 with ULFM; other MPIs relaunch every rank); they "
+                              "start replacements for the lost ranks, which join at a later "
+                              "commit")
+    elastic.add_argument("--no-replace", action="store_true",
+                         help="with --elastic-in-place: go on with the ranks that are left, "
+                              "starting no replacements")
     elastic.add_argument("--elastic-timeout", type=_non_negative(float), metavar="S",
                          default=600.0,
                          help="how long to wait for --min-np slots before giving up "
@@ -236,7 +241,7 @@ def parse_args(argv=None):
             slots_per_host=args.slots_per_host, reset_limit=args.reset_limit,
             cooldown_range=None if cooldown is None else tuple(cooldown),
             elastic_timeout=args.elastic_timeout, supervisor_address=args.supervisor_address,
-            in_place=args.elastic_in_place)
+            in_place=args.elastic_in_place, replace=not args.no_replace)
     for item in args.env:
         name = item.partition("=")[0]
         if not name or not (name[0].isalpha() or name[0] == "_") or \

@@ -61,6 +61,8 @@ class ElasticOptions:
     supervisor_address: str | None = None
     # --elastic-in-place: survivors of a lost rank go on in their processes
     in_place: bool = False
+    # and start replacements for the lost ranks (not with --no-replace)
+    replace: bool = True
 
 
 def state_directory(env: dict[str, str], command: list[str]) -> str:
@@ -286,6 +288,8 @@ def run(options: ElasticOptions, discovery: Discovery,
                  "HORA_ELASTIC_SUPERVISOR": address}
         if options.in_place:
             extra["HORA_ELASTIC_IN_PLACE"] = "1"
+            if not options.replace:
+                extra["HORA_ELASTIC_REPLACE"] = "0"
         watcher = _Watcher(discovery, blacklist, options, world, notifier, log)
         started = time.monotonic()
         try:

@@ -10,6 +10,7 @@ rank starts and how it ended (see ``markers``), and never leaves the command
 running once it is gone itself or mpirun is.
 """
 import ctypes
+import json
 import os
 import re
 import signal
@@ -75,6 +76,24 @@ def rank_info(env=None):
     if local_size is None:
         local_size = size
     return rank, size, local_rank, local_size
+
+
+def joiner_info(env, rank, size, local_rank, local_size):
+    """For a replacement process that an in-place elastic world started
+    (hora.common.elastic.growth): (its id for horarun, and the rank, size,
+    local rank and local size its program sees), from what the world told
+    it and the launcher's numbering of the processes started together.
+    None for a rank of the launch."""
+    if "HORA_ELASTIC_JOINER_ID" not in env:
+        return None
+    try:
+        first_id = int(env["HORA_ELASTIC_JOINER_ID"])
+        first_rank = int(env.get("HORA_ELASTIC_JOINER_RANK", "0"))
+        target = int(env.get("HORA_ELASTIC_TARGET_SIZE", "0"))
+    except ValueError:
+        raise RankEnvError("HORA_ELASTIC_JOINER_* are not whole numbers") from None
+    return first_id + rank, (first_rank + rank, max(target, first_rank + size), local_rank,
+                             local_size)
 
 
 def rank_env(rank, size, local_rank, local_size):
@@ -203,6 +222,7 @@ def _outcome(code):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    launch_argv = list(argv)
     output_dir, argv = _parse(argv)
     if not argv:
         print(_USAGE, file=sys.stderr)
@@ -210,9 +230,15 @@ def main(argv=None):
 
     try:
         rank, size, local_rank, local_size = rank_info()
+        place = (rank, size, local_rank, local_size)
+        joiner = joiner_info(os.environ, *place)
     except RankEnvError as exc:
         print(f"hora.runner.rank_exec: {exc}", file=sys.stderr)
         return 2
+    if joiner is not None:
+        # horarun knows this process by its id; its program by its rank in
+        # the world it joins
+        rank, place = joiner
     prefix = f"[{rank}] ".encode()
     host = host_name()
     _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host)))
@@ -223,7 +249,10 @@ def main(argv=None):
     # must be what the user's shell would run.
     if env.get("HORA_RANK_PATH"):
         env["PATH"] = env["HORA_RANK_PATH"]
-    env.update(rank_env(rank, size, local_rank, local_size))
+    env.update(rank_env(*place))
+    # How this rank was started: an in-place elastic world starts its
+    # replacements the same way (hora.common.elastic.growth).
+    env["HORA_RANK_EXEC"] = json.dumps({"python": sys.executable, "argv": launch_argv})
     # The child's stdout is a pipe to us; without this, Python would buffer
     # it in blocks and lines would show up late and out of order.
     env["PYTHONUNBUFFERED"] = "1"

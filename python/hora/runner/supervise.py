@@ -157,6 +157,9 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
             if value.event == "started":
                 started.add(value.rank)
                 hosts[value.rank] = value.host
+                if value.rank >= num_proc:  # started by the world, in place
+                    log(f"horarun: replacement process {value.rank} started on host "
+                        f"{value.host}")
             elif value.event == "exited":
                 exited.add(value.rank)
             elif value.event == "raised":
@@ -189,7 +192,8 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
             now = time.monotonic()
             if kind is not None:
                 handle(kind, value, now)
-            if (start_deadline is not None and now > start_deadline and len(started) < num_proc
+            if (start_deadline is not None and now > start_deadline
+                    and len(started & set(range(num_proc))) < num_proc
                     and not start_expired and stop_signal is None and not failures):
                 start_expired = True
                 missing = sorted(set(range(num_proc)) - started)
@@ -218,8 +222,9 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
 
     survivors = sorted(exited - set(failures))
     if (in_place and failures and survivors and stop_signal is None and not start_expired
-            and set(survivors) | set(failures) == set(range(num_proc))):
-        # Every rank that did not fail ended well: the job finished in place.
+            and set(survivors) | set(failures) >= set(range(num_proc)) | started):
+        # Every rank that did not fail ended well (and so did every
+        # replacement that did not): the job finished in place.
         return Outcome(0, f"horarun: rank(s) {_rank_list(sorted(failures))} failed; ranks "
                           f"{_rank_list(survivors)} finished in place", started=frozenset(started))
     outcome = _outcome(code, num_proc, started, _cause(failures, raised, hosts),

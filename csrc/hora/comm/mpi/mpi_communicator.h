@@ -18,6 +18,9 @@ struct MpiInitOptions {
   std::string hostname;
 };
 
+// An MPI communicator freed with its last owner (unless MPI is finalized).
+struct MpiOwnedComm;
+
 class MpiCommunicator : public Communicator {
  public:
   // Initializes MPI if nobody has (requesting MPI_THREAD_MULTIPLE so user
@@ -54,19 +57,33 @@ class MpiCommunicator : public Communicator {
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
   void Revoke() override;
   Status Shrink(std::unique_ptr<Communicator>* out) override;
+  Status StartSpawn(const std::vector<std::string>& argv, int count,
+                    std::shared_ptr<Spawning>* out) override;
+  Status Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) override;
   // MPI_THREAD_MULTIPLE.
   bool ConcurrentCalls() const override;
   std::string Describe() const override;
 
+  // A process started by a world's StartSpawn: AwaitJoin initializes MPI
+  // and, for such a process (`*joining`), tells the world its host and
+  // learns the place it will have there, without joining yet; Join then
+  // tells the world it is ready and joins it (collective with the world's
+  // Merge).
+  static Status AwaitJoin(const std::string& hostname, bool* joining, Topology* place);
+  static Status Join(const std::string& hostname, std::unique_ptr<MpiCommunicator>* out);
   // Finalizes MPI at process exit if hora was the one to initialize it.
   static void FinalizeIfOwned();
   static std::string LibraryVersion();
 
  private:
   MpiCommunicator() = default;
+  // MPI_Init_thread (asking for MPI_THREAD_MULTIPLE) unless MPI is
+  // initialized; fails without thread support or after MPI_Finalize.
+  static Status InitializeMpi();
   // Takes over `comm` (already duplicated) and learns its topology and its
-  // local and cross parts; collective over `comm`.
-  static Status Adopt(MPI_Comm comm, const std::string& hostname,
+  // local and cross parts; collective over `comm`. A job's world (not a
+  // process set's) also gets the duplicate that Spawn travels over.
+  static Status Adopt(MPI_Comm comm, const std::string& hostname, bool world,
                       std::unique_ptr<MpiCommunicator>* out);
   // Wraps `comm` (taking ownership) as a part of a larger communicator.
   static std::unique_ptr<MpiCommunicator> Part(MPI_Comm comm, bool one_host);
@@ -75,6 +92,9 @@ class MpiCommunicator : public Communicator {
   Status Complete(MPI_Request* request);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  // StartSpawn's duplicate (a job's world only), shared with the spawn
+  // under way, which can outlive this communicator.
+  std::shared_ptr<MpiOwnedComm> spawn_comm_;
   Topology topology_;
   std::unique_ptr<MpiCommunicator> local_;
   std::unique_ptr<MpiCommunicator> cross_;

@@ -35,6 +35,19 @@ Status CreateMpiWorld(const MpiWorldOptions& options, std::unique_ptr<Communicat
   return Status::OK();
 }
 
+Status StartJoining(const MpiWorldOptions& options, bool* joining, Topology* place) {
+  *joining = false;
+  if (options.has_comm || !options.ranks.empty()) return Status::OK();
+  return MpiCommunicator::AwaitJoin(options.hostname, joining, place);
+}
+
+Status FinishJoining(const MpiWorldOptions& options, std::unique_ptr<Communicator>* out) {
+  std::unique_ptr<MpiCommunicator> comm;
+  HORA_RETURN_IF_ERROR(MpiCommunicator::Join(options.hostname, &comm));
+  *out = std::move(comm);
+  return Status::OK();
+}
+
 void FinalizeMpiIfOwned() { MpiCommunicator::FinalizeIfOwned(); }
 
 std::string MpiLibraryVersion() { return MpiCommunicator::LibraryVersion(); }

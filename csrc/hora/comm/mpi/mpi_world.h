@@ -23,6 +23,12 @@ struct MpiWorldOptions {
 
 // Initializes MPI if nobody has, and makes the job's communicator.
 Status CreateMpiWorld(const MpiWorldOptions& options, std::unique_ptr<Communicator>* out);
+// A process that an in-place elastic world started to replace a lost rank
+// (Communicator::StartSpawn): StartJoining initializes MPI and, for such a
+// process (`*joining`), learns the place it will have in the world without
+// joining yet; FinishJoining joins it (with the world's Merge).
+Status StartJoining(const MpiWorldOptions& options, bool* joining, Topology* place);
+Status FinishJoining(const MpiWorldOptions& options, std::unique_ptr<Communicator>* out);
 // Finalizes MPI at process exit if hora was the one to initialize it.
 void FinalizeMpiIfOwned();
 // "Open MPI v5.0.8, ..." as the library reports itself.

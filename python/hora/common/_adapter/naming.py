@@ -23,6 +23,15 @@ def auto_name(kind: str, process_set: int = 0) -> str:
         return f"{kind}.noname.{next(counter)}"
 
 
+def restart_counters() -> None:
+    """Every kind counts from 0 again: called on every rank of a world
+    formed in place (hora.common.elastic), whose ranks may have made
+    different numbers of unnamed calls before (a step a lost rank
+    interrupted) or none at all (a process that joins)."""
+    with _counter_lock:
+        _counters.clear()
+
+
 def check_name(name: str | None, kind: str, process_set: int = 0) -> str:
     """``name``, or an automatic one when it is None; ``TypeError`` for a
     name that is not a str."""

@@ -15,7 +15,9 @@ processes, form a world of their own (``hora._C.reform``, ULFM), take the
 state of the new rank 0 (so that a step some survivors finished and others
 did not is redone alike), run the reset callbacks and call the function
 again. Nothing since the last commit is lost. Where the MPI cannot re-form
-in place, they leave for a relaunch as above.
+in place, they leave for a relaunch as above. They also start replacement
+processes (:mod:`hora.common.elastic.growth`), which join at a later
+``commit()`` and take the state from rank 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from hora.common.elastic.growth import Growth
 from hora.common.elastic.notifications import HostUpdateListener
 from hora.common.elastic.store import CommitStore
 from hora.common.exceptions import HoraInternalError, HostsUpdatedInterrupt
@@ -103,10 +106,12 @@ def _leave(state: Any, store: CommitStore, why: str) -> None:
         raise SystemExit(RESET_EXIT_CODE)
 
 
-def _reform_in_place(state: Any, store: CommitStore, error: BaseException) -> None:
+def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
+                     growth: Growth) -> None:
     """The survivors' new world, in place; leaves for a relaunch when the
     MPI cannot form one."""
     from hora import _C
+    from hora.common._adapter.naming import restart_counters
     from hora.common.basics import local_rank, rank, size
     from hora.common.exceptions import HoraError
     if state.holds_shards():
@@ -116,17 +121,59 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException) -> No
     except HoraError as failed:
         _leave(state, store, f"a rank was lost ({error}), and the survivors cannot go on in "
                              f"place ({failed})")
+    restart_counters()
     store.writer = local_rank() == 0
     state.drop_step_in_flight()
     # Every survivor takes the new rank 0's state as it is now (not as last
     # committed): a step that some finished and others did not is redone
-    # alike, and nothing since the last commit is lost.
+    # alike, and nothing since the last commit is lost. The reset callbacks
+    # run first, as in Horovod, and what they change is kept too.
+    state.on_reset()
     state.save()
     state.sync()
-    state.on_reset()
     if rank() == 0:
         print(f"hora.elastic: a rank was lost ({error}); {size()} rank(s) go on in place (world "
               f"re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+    growth.replace_lost()
+
+
+def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
+    """At a commit, with the replacements ready (or failed to start): the
+    world of the ranks and the replacements, which take rank 0's state."""
+    from hora.common.basics import local_rank, rank, size
+    state._growth_found = None
+    seconds = growth.grow()  # a failed start fails here too, alike everywhere
+    if seconds is None:
+        growth.replace_lost()  # tried again, a few times
+        return
+    store.writer = local_rank() == 0
+    # as in Horovod: the reset callbacks, then rank 0's state everywhere
+    # (what the callbacks changed included; the replacements run none:
+    # they start in this world)
+    state.on_reset()
+    state.save()
+    state.sync()
+    growth.share(state)
+    if rank() == 0:
+        print(f"hora.elastic: replacement process(es) joined; {size()} ranks go on in place "
+              f"(world re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+
+
+def _join(state: Any, store: CommitStore, growth: Growth) -> None:
+    """A replacement's start: its hora.init() learnt its place in the world;
+    it joins now, at the world's next commit, and takes rank 0's state (as
+    the ranks' _grow_in_place sends it)."""
+    from hora import _C
+    from hora.common._adapter.naming import restart_counters
+    from hora.common.basics import local_rank
+    from hora.common.process_set_setup import setup_at_init
+    if _C.joining():
+        _C.join_world()
+        setup_at_init([])  # as the world does in Growth.grow
+    restart_counters()
+    store.writer = local_rank() == 0
+    state.sync()
+    growth.share(state)
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -144,21 +191,39 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.sync()
             return func(state, *args, **kwargs)
         state._store = store
-        if not _restore_newest(state, store):
-            state.sync()
-        if job.restarts > 0:
-            state.on_reset()
+        growth = Growth(dict(os.environ))
+        if not growth.joining:
+            if not _restore_newest(state, store):
+                state.sync()
+            if job.restarts > 0:
+                state.on_reset()
         in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
+        if in_place:
+            state._growth_check = growth.ready
+        # what interrupted the last call: a lost rank (to re-form over the
+        # survivors) or replacements ready to join (or, in a replacement,
+        # its joining); a loss while that is dealt with (a second loss, a
+        # replacement lost while it takes the state) is dealt with in turn
+        interrupted: BaseException | str | None = "join" if growth.joining else None
         while True:
             try:
+                if isinstance(interrupted, HoraInternalError):
+                    _reform_in_place(state, store, interrupted, growth)
+                elif interrupted == "join":
+                    _join(state, store, growth)
+                elif interrupted is not None:
+                    _grow_in_place(state, store, growth)
+                interrupted = None
                 result = func(state, *args, **kwargs)
                 break
             except HoraInternalError as error:
                 if not in_place:
                     _leave(state, store, f"a rank was lost ({error})")
-                _reform_in_place(state, store, error)
-            except HostsUpdatedInterrupt:
-                _leave(state, store, "the hosts changed")
+                interrupted = error
+            except HostsUpdatedInterrupt as update:
+                if state._growth_found is None:
+                    _leave(state, store, "the hosts changed")
+                interrupted = update
         from hora.common.ops import barrier
         store.flush()
         barrier()  # every rank is done before the commit is forgotten

@@ -44,6 +44,11 @@ class State:
         self._commits = 0       # commits so far, counted across relaunches
         # set by hora's run() under an elastic horarun
         self._store: CommitStore | None = None
+        # set by hora's run() in place: rank 0's view of replacement
+        # processes ('ready', 'failed' or None), and what the last check
+        # found, for run() to act on
+        self._growth_check: Callable[[], str | None] | None = None
+        self._growth_found: str | None = None
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
         """Functions to call after the world changed (ranks lost or added),
@@ -79,14 +84,21 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when horarun
-        has reported a change of hosts since the last check."""
+        has reported a change of hosts since the last check (or, in place,
+        when replacements for lost ranks are ready to join)."""
         newest = previous = self._last_updated_timestamp
         while not self._host_messages.empty():
             timestamp, _ = self._host_messages.get()
             newest = max(newest, timestamp)
+        growth = None
+        if self._growth_check is not None and self._rank() == 0:
+            growth = self._growth_check()
         # rank 0 hears from horarun; everyone must raise at the same point
-        self._last_updated_timestamp = self._bcast_object(newest)
+        self._last_updated_timestamp, growth = self._bcast_object((newest, growth))
         if self._last_updated_timestamp > previous:
+            raise HostsUpdatedInterrupt(False)
+        if growth is not None:
+            self._growth_found = growth
             raise HostsUpdatedInterrupt(False)
 
     def save(self) -> None:

@@ -1,0 +1,122 @@
+"""Growing back in place (``horarun --elastic-in-place``): after a lost rank
+the survivors start replacement processes (MPI dynamic processes, through
+``hora._C.start_growth``) and go on training while those start; once the
+replacements are up, the next ``commit()`` takes them in.
+
+A replacement runs the command the ranks were launched with, under
+horarun's rank wrapper, with the environment of the survivor that started
+it (less what MPI and the wrapper give each process), and knows itself by
+``HORA_ELASTIC_JOINER_ID``: its ``hora.init()`` joins the survivors' world
+(as its last ranks) instead of forming one, and ``hvd.elastic.run`` then
+takes the state from rank 0 instead of from a commit.
+
+Each process horarun started or a world started in its place has an id
+for horarun's bookkeeping: the launch's ranks are 0..np-1, replacements
+get np, np+1, ... in the order they are started.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from typing import Any
+
+# What MPI and horarun's rank wrapper give each process themselves.
+_OWN_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
+_OWN_NAMES = frozenset(
+    f"{lead}_{name}" for lead in ("HORA", "HOROVOD")
+    for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")) | {
+        "HORA_RUNNER_REPORT_FD", "HORA_ELASTIC_JOINER_ID", "HORA_ELASTIC_JOINER_RANK"}
+# A replacement that cannot start or join is tried again at most this many
+# times in a row.
+_MAX_FAILURES = 3
+
+
+class Growth:
+    """The survivors' side: which replacements to start, and when they are
+    taken in. Every rank holds one and makes the same calls."""
+
+    def __init__(self, env: dict[str, str]):
+        self.enabled = (env.get("HORA_ELASTIC_IN_PLACE") == "1"
+                        and env.get("HORA_ELASTIC_REPLACE", "1") != "0")
+        launch = env.get("HORA_RANK_EXEC")
+        self.launch: dict[str, Any] | None = json.loads(launch) if launch else None
+        # the world size to come back to: the launch's (a replacement is
+        # told the same)
+        self.target = int(env.get("HORA_SIZE", "0") or 0)
+        # the id the next replacement gets (made the same on every rank when
+        # a world grows)
+        self.next_id = self.target
+        self.failures = 0
+        self.env = env
+        # a replacement that has not yet taken the state
+        self.joining = "HORA_ELASTIC_JOINER_ID" in env
+
+    def replace_lost(self) -> None:
+        """Collective: starts replacements up to the launch's world size (in
+        the background; the ranks go on training)."""
+        from hora import _C
+        from hora.common.basics import rank, size
+        missing = self.target - size()
+        if not self.enabled or missing <= 0 or self.failures >= _MAX_FAILURES:
+            return
+        if self.launch is None:
+            if rank() == 0:
+                print("hora.elastic: not replacing the lost rank(s): the ranks were not started "
+                      "by horarun's rank wrapper", file=sys.stderr, flush=True)
+            return
+        env = {k: v for k, v in self.env.items()
+               if not k.startswith(_OWN_PREFIXES) and k not in _OWN_NAMES}
+        env["HORA_ELASTIC_JOINER_ID"] = str(self.next_id)
+        env["HORA_ELASTIC_JOINER_RANK"] = str(size())
+        # The wrapper's rank variables say the launch's world size.
+        env["HORA_ELASTIC_TARGET_SIZE"] = str(self.target)
+        argv = [shutil.which("env") or "/usr/bin/env", *(f"{k}={v}" for k, v in env.items()),
+                self.launch["python"], "-m", "hora.runner.rank_exec", *self.launch["argv"]]
+        _C.start_growth(argv, missing)
+        self.next_id += missing
+        if rank() == 0:
+            print(f"hora.elastic: starting {missing} replacement process(es)", file=sys.stderr,
+                  flush=True)
+
+    @staticmethod
+    def ready() -> str | None:
+        """Rank 0, at a commit: 'ready' when the replacements are up,
+        'failed' when they could not start, else None."""
+        from hora import _C
+        state, _ = _C.growth_state()
+        return state if state in ("ready", "failed") else None
+
+    def grow(self) -> float | None:
+        """Collective over the ranks and the replacements (the latter in
+        ``hora.init``): forms the world of both. The seconds it took, or
+        None when a replacement was lost on the way (the world stays as
+        it was)."""
+        from hora import _C
+        from hora.common.basics import rank
+        from hora.common.exceptions import HoraError
+        from hora.common._adapter.naming import restart_counters
+        from hora.common.process_set_setup import setup_at_init
+        try:
+            seconds = _C.grow()
+            restart_counters()
+            # what hora.init() does after the engine starts, which the
+            # replacements are doing now
+            setup_at_init([])
+        except HoraError as error:
+            self.failures += 1
+            if rank() == 0:
+                print(f"hora.elastic: the replacement(s) did not join ({error})",
+                      file=sys.stderr, flush=True)
+            return None
+        self.failures = 0
+        return seconds
+
+    def share(self, state: Any) -> None:
+        """Collective, right after a world grew: the ids and the commit count
+        become rank 0's (a replacement knows neither)."""
+        from hora.common.ops import broadcast_object
+        self.next_id, state._commits = broadcast_object(
+            (self.next_id, state._commits), root_rank=0, name="hora.elastic.grown")
+        self.joining = False
