@@ -12,6 +12,11 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     outlasts the replacement's start): the time from the replacement
     process's start to its first step in the world, and the survivors'
     pause (from the commit at which it joins to their next step).
+churn (``--churn``): a 3-rank job (50 ms steps) trains for ``--churn-seconds``
+    while the bench SIGKILLs one of its training processes (any, rank 0
+    included) every ``--kill-every`` seconds; reported is the training that
+    counts (samples, less what a relaunch rolls back) against the same job
+    without kills: in place with replacements, and relaunched.
 commit: ``state.commit()`` of a TorchState whose model has N MB of float32
     parameters (plus as much SGD momentum), in one process: the time the
     training thread spends in commit(), and how long the background write
@@ -32,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 WORKER = os.path.join(os.path.dirname(__file__), "elastic_worker.py")
 
@@ -47,6 +53,12 @@ def build_parser():
                         help="recovery: relaunch, in-place and/or replace (default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
+    parser.add_argument("--churn", action="store_true",
+                        help="also measure efficiency under repeated kills (several minutes)")
+    parser.add_argument("--churn-seconds", type=float, default=180.0,
+                        help="churn: how long each job trains (default 180)")
+    parser.add_argument("--kill-every", type=float, default=20.0,
+                        help="churn: seconds between kills (default 20)")
     parser.add_argument("--skip-recovery", action="store_true",
                         help="measure the cost of commit() only")
     parser.add_argument("--json", help="write the results to this file")
@@ -116,6 +128,83 @@ def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[d
     return rows
 
 
+def _training_pids() -> list[int]:
+    """The churn job's training processes (not horarun's rank wrappers,
+    whose command line names the worker too)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(args) > 1 and args[1] == WORKER.encode():
+            pids.append(int(entry))
+    return pids
+
+
+def _churn_job(mode: str, seconds: float, every: float, folder: str) -> dict[str, float]:
+    import random
+    import signal
+    launched = time.time()
+    deadline = launched + seconds
+    env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
+               HORA_BENCH_DEADLINE=f"{deadline:.3f}", HORA_BENCH_STEP_SLEEP="0.05")
+    # (relaunched, a world that fails within a minute counts against its
+    # host; three in a row would leave this machine out)
+    extra = (["--min-np", "3", "--blacklist-cooldown-range", "1", "1"] if mode == "relaunch"
+             else ["--min-np", "2", "--elastic-in-place"])
+    job = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "3", *extra,
+                            sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    kills = 0
+    chooser = random.Random(0)
+    next_kill = launched + every
+    while every > 0 and job.poll() is None and next_kill < deadline - 5:
+        time.sleep(max(0.0, next_kill - time.time()))
+        pids = _training_pids()
+        if pids:
+            try:
+                os.kill(chooser.choice(pids), signal.SIGKILL)
+                kills += 1
+            except ProcessLookupError:
+                pass
+        next_kill += every
+    try:
+        output, _ = job.communicate(timeout=seconds + 120)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        output, _ = job.communicate()
+        raise RuntimeError(f"the churn job ({mode}) hung:\n{output[-6000:]}") from None
+    found = re.findall(r"bench-elastic-samples (\d+) (\d+)", output)
+    if job.returncode != 0 or not found:
+        raise RuntimeError(f"the churn job ({mode}) failed:\n{output[-4000:]}")
+    samples, size = (int(v) for v in found[-1])
+    return {"samples": samples, "final_size": size, "kills": kills,
+            "replacements": output.count("replacement process(es) joined"),
+            "relaunches": len(re.findall(r"horarun: elastic reset \d+", output))}
+
+
+def measure_churn(seconds: float, every: float) -> list[dict]:
+    rows: list[dict[str, Any]] = []
+    for name, mode, kill_every in (("no kills", "in-place", 0.0),
+                                   ("in place", "in-place", every),
+                                   ("relaunch", "relaunch", every)):
+        with tempfile.TemporaryDirectory(prefix="hora-bench-churn-") as folder:
+            row = {"variant": name, **_churn_job(mode, seconds, kill_every, folder)}
+        rows.append(row)
+        print(f"  churn, {name}: {row['samples']} samples in {seconds:g} s, {row['kills']} "
+              f"kills, {row['replacements']} replacements joined, {row['relaunches']} "
+              f"relaunches, world of {row['final_size']} at the end", flush=True)
+    for row in rows:
+        row["efficiency"] = row["samples"] / rows[0]["samples"]
+    print("  churn efficiency (samples against no kills): " + ", ".join(
+        f"{row['variant']} {row['efficiency']:.3f}" for row in rows[1:]), flush=True)
+    return rows
+
+
 def measure_commit(sizes_mb: list[float], repeats: int) -> list[dict]:
     import torch
 
@@ -167,6 +256,10 @@ def main(argv=None):
                                            for r in results["recovery"]
                                            if r["mode"] == mode and r["ranks"] == ranks)
                 print(f"  median, {mode}, {ranks} ranks: {median:.3f} s", flush=True)
+    if args.churn:
+        print(f"# elastic churn: 3 ranks, a SIGKILL every {args.kill_every:g} s for "
+              f"{args.churn_seconds:g} s", flush=True)
+        results["churn"] = measure_churn(args.churn_seconds, args.kill_every)
     print("# elastic commit cost (one process)", flush=True)
     results["commit"] = measure_commit([float(s) for s in args.sizes_mb.split(",")],
                                        args.repeats)

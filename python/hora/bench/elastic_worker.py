@@ -6,7 +6,12 @@ callback ran (the world re-formed) and their first step after it; with a
 replacement, the replacement reports its start and its first step, and
 the survivors the commit at which it joined and their first step after;
 relaunched, rank 0 of the next world reports init, restore and its first
-step. HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains."""
+step. HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains.
+
+Under churn (HORA_BENCH_DEADLINE, a time; the bench kills ranks itself,
+HORA_BENCH_KILL_STEP is then ignored) it trains until the deadline and
+rank 0 reports the samples trained that count (``bench-elastic-samples
+N``): a step rolled back by a relaunch does not count."""
 
 import time
 
@@ -36,11 +41,13 @@ if launch > 0 and hvd.rank() == 0:
 kill_step = int(os.environ.get("HORA_BENCH_KILL_STEP", "30"))
 steps = int(os.environ.get("HORA_BENCH_STEPS", str(2 * kill_step)))
 step_sleep = float(os.environ.get("HORA_BENCH_STEP_SLEEP", "0"))
+deadline = float(os.environ.get("HORA_BENCH_DEADLINE", "0"))
+BATCH = 32
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                      named_parameters=model.named_parameters())
-state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0)
+state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0, samples=0)
 last_commit = [0.0]
 
 
@@ -62,13 +69,15 @@ def train(state):
     if launch > 0 and hvd.rank() == 0:
         event("restored")
     first = True
-    while state.step < steps:
-        if (launch == 0 and resets[0] == 0 and not joiner and hvd.rank() == victim
-                and state.step == kill_step):
+    while deadline or state.step < steps:
+        if deadline and hvd.broadcast_object(time.time() > deadline, name="bench.deadline"):
+            break
+        if (not deadline and launch == 0 and resets[0] == 0 and not joiner
+                and hvd.rank() == victim and state.step == kill_step):
             event("killed")
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(step_sleep)
-        x = torch.randn(32, 64)
+        x = torch.randn(BATCH, 64)
         optimizer.zero_grad()
         model(x).pow(2).mean().backward()
         optimizer.step()
@@ -78,9 +87,12 @@ def train(state):
             event(name)
         first = False
         state.step += 1
+        state.samples += BATCH * hvd.size()
         if state.step % 10 == 0:
             last_commit[0] = time.time()
             state.commit()
 
 
 train(state)
+if deadline and hvd.rank() == 0:
+    print(f"bench-elastic-samples {state.samples} {hvd.size()}", flush=True)
