@@ -8,8 +8,10 @@ rank) only)."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -252,6 +254,58 @@ def test_the_elastic_example_trains(framework, job_env, tmp_path):
         ["-np", "2", "--min-np", "1", sys.executable, example, "--epochs", "3"], job_env,
         tmp_path, {"HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
+    accuracy = float(output.rsplit("final test accuracy ", 1)[1].split()[0])
+    assert accuracy > 0.8, output
+
+
+def _training_processes(script):
+    """PIDs of the processes running ``python script`` (not horarun's rank
+    wrappers, whose command line names the script too)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if len(args) > 1 and args[1] == script.encode():
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "keras"])
+def test_the_elastic_example_survives_a_sigkill_in_place(framework, job_env, tmp_path):
+    """The examples as they are, under --elastic-in-place: one of their
+    processes is SIGKILLed once training is under way; the others go on in
+    place (a replacement may join) and the training ends as well as without
+    the kill."""
+    if framework == "keras":
+        pytest.importorskip("tensorflow")
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", framework,
+                           "elastic_train_digits.py")
+    job = _start(["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, example,
+                  "--epochs", "6"], job_env, tmp_path,
+                 {"HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any("epoch" in line for line in lines[1:]) and time.monotonic() < deadline:
+        if job.poll() is not None:
+            break
+        time.sleep(0.1)
+    victims = _training_processes(example)
+    assert len(victims) == 3, "".join(lines)
+    os.kill(victims[-1], signal.SIGKILL)
+    try:
+        job.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        job.kill()
+    reader.join(10)
+    output = "".join(lines)
+    assert job.returncode == 0, output
+    assert "go on in place" in output, output
+    assert "elastic reset" not in output, output  # nothing was launched again
     accuracy = float(output.rsplit("final test accuracy ", 1)[1].split()[0])
     assert accuracy > 0.8, output
 

@@ -88,6 +88,10 @@ class Communicator {
     // Whether the spawn has ended; its result once it has.
     virtual bool Finished() const = 0;
     virtual Status result() const = 0;
+    // The world will not take them in (it finished): tells the new
+    // processes so (their hora.init, or their joining, ends saying they
+    // are not needed); waits for the spawn to end first.
+    virtual void Cancel() = 0;
   };
   virtual Status StartSpawn(const std::vector<std::string>& argv, int count,
                             std::shared_ptr<Spawning>* out) {

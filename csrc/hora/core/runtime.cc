@@ -67,6 +67,7 @@ void Shutdown() {
   std::shared_ptr<Engine> engine;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_spawning) g_spawning->Cancel();
     g_spawning.reset();
     engine.swap(g_engine);
     if (engine) g_was_shut_down = true;

@@ -9,6 +9,7 @@ from typing import Any
 
 from hora._loader import _C
 from hora.common import call_site, failure_report
+from hora.common.exceptions import HoraShutdownError
 
 
 # Re-exported: hora.Sum and friends live here for Horovod's users.
@@ -63,13 +64,27 @@ def init(comm: Any | Iterable[int] | None = None,
                             f"{type(ps).__name__}")
     handle, ranks = _comm_arguments(comm)
     running = _C.is_initialized()
-    _C.init(handle, ranks, dynamic)
+    try:
+        _C.init(handle, ranks, dynamic)
+    except HoraShutdownError as error:
+        _leave_if_not_needed(error)
+        raise
     failure_report.install()
     call_site.refresh()
     if not running and not _C.joining():
         # (a replacement joining an elastic world in place does this when it
         # joins, in hvd.elastic.run)
         process_set_setup.setup_at_init(process_sets)
+
+
+def _leave_if_not_needed(error: Exception) -> None:
+    """In a process started to replace a lost rank of an elastic world
+    (``horarun --elastic-in-place``) that the world no longer needs (it
+    finished first): ends the process, well."""
+    import sys
+    if "HORA_ELASTIC_JOINER_ID" in os.environ:
+        print(f"hora: this replacement process leaves: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(0)
 
 
 def shutdown() -> None:

@@ -147,7 +147,9 @@ Status ToIntCounts(const std::vector<int64_t>& in, std::vector<int>* counts,
 // world's first rank each new one its place (the topology it will have),
 // each new one that it is ready to take the state (it has reached
 // hvd.elastic.run), so that the world then pauses only to take it in.
-constexpr int kTagHost = 1, kTagPlace = 2, kTagReady = 3;
+// A world that no longer needs them (it finished, or the spawn was given
+// up) says so instead: a place of rank -1, or 0 for "go".
+constexpr int kTagHost = 1, kTagPlace = 2, kTagReady = 3, kTagGo = 4;
 constexpr int kHostNameBytes = 256;
 constexpr int kPlaceFields = 7;
 
@@ -201,10 +203,28 @@ std::vector<std::array<int, kPlaceFields>> Places(const std::vector<std::string>
   return places;
 }
 
+Status NotNeeded() {
+  return Status::Shutdown("the new processes are not needed any more (the world finished)");
+}
+
+// Tells the new processes, each waiting for `tag`, that they are not needed.
+void SendNotNeeded(MPI_Comm joiners, int tag) {
+  int count = 0;
+  MPI_Comm_remote_size(joiners, &count);
+  int place[kPlaceFields] = {-1, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < count; ++j) {
+    if (tag == kTagPlace)
+      MPI_Send(place, kPlaceFields, MPI_INT, j, tag, joiners);
+    else
+      MPI_Send(place + 1, 1, MPI_INT, j, tag, joiners);  // 0: no
+  }
+}
+
 // The world's side of that exchange, on the spawn's thread: every rank
 // tells the others its host; the first one tells each new process its
-// place and waits until all are ready.
-Status Welcome(MPI_Comm world, MPI_Comm joiners, const std::string& hostname) {
+// place and waits until all are ready (or until `cancel`).
+Status Welcome(MPI_Comm world, MPI_Comm joiners, const std::string& hostname,
+               const std::atomic<bool>& cancel) {
   int rank = 0, size = 0, count = 0;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
@@ -226,6 +246,10 @@ Status Welcome(MPI_Comm world, MPI_Comm joiners, const std::string& hostname) {
     const char* name = &names[static_cast<size_t>(r) * kHostNameBytes];
     hosts.emplace_back(name, strnlen(name, kHostNameBytes));
   }
+  if (cancel) {
+    SendNotNeeded(joiners, kTagPlace);
+    return NotNeeded();
+  }
   const auto places = Places(hosts);
   for (int j = 0; j < count; ++j) {
     HORA_RETURN_IF_ERROR(
@@ -234,8 +258,22 @@ Status Welcome(MPI_Comm world, MPI_Comm joiners, const std::string& hostname) {
   }
   for (int j = 0; j < count; ++j) {
     int ready = 0;
-    HORA_RETURN_IF_ERROR(MpiStatus(
-        MPI_Recv(&ready, 1, MPI_INT, j, kTagReady, joiners, MPI_STATUS_IGNORE), "MPI_Recv"));
+    MPI_Request request = MPI_REQUEST_NULL;
+    HORA_RETURN_IF_ERROR(
+        MpiStatus(MPI_Irecv(&ready, 1, MPI_INT, j, kTagReady, joiners, &request), "MPI_Irecv"));
+    Backoff backoff;
+    for (;;) {
+      int done = 0;
+      HORA_RETURN_IF_ERROR(MpiStatus(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test"));
+      if (done) break;
+      if (cancel) {
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+        SendNotNeeded(joiners, kTagGo);
+        return NotNeeded();
+      }
+      backoff.Pause();
+    }
   }
   return Status::OK();
 }
@@ -253,6 +291,7 @@ class MpiSpawning : public Communicator::Spawning {
     MPI_Comm joiners = MPI_COMM_NULL;  // the intercommunicator, once spawned
     bool abandoned = false;            // dropped before its processes joined
     std::string hostname;              // HORA_HOSTNAME, or empty
+    std::atomic<bool> cancel{false};   // the world finished: tell them
   };
   MpiSpawning(std::shared_ptr<State> state, int count) : state_(std::move(state)), count_(count) {}
   // Dropped without Merge: the new processes, waiting to join, are told
@@ -284,7 +323,7 @@ class MpiSpawning : public Communicator::Spawning {
         if (status.ok() && code != MPI_SUCCESS) status = MpiStatus(code, "a spawned process");
       }
       if (joiners != MPI_COMM_NULL) MPI_Comm_set_errhandler(joiners, MPI_ERRORS_RETURN);
-      if (status.ok()) status = Welcome(state->over->comm, joiners, state->hostname);
+      if (status.ok()) status = Welcome(state->over->comm, joiners, state->hostname, state->cancel);
       std::lock_guard<std::mutex> lock(state->mutex);
       state->status = status;
       state->joiners = joiners;
@@ -294,6 +333,18 @@ class MpiSpawning : public Communicator::Spawning {
   }
   int count() const override { return count_; }
   bool Finished() const override { return state_->finished; }
+  void Cancel() override {
+    state_->cancel = true;
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    int rank = 0;
+    MPI_Comm_rank(state_->over->comm, &rank);
+    // Ready and waiting for "go": tell them no.
+    if (state_->status.ok() && state_->joiners != MPI_COMM_NULL && rank == 0) {
+      SendNotNeeded(state_->joiners, kTagGo);
+    }
+    if (state_->joiners != MPI_COMM_NULL) MPI_Comm_free(&state_->joiners);
+  }
   Status result() const override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (!state_->finished) return Status::Internal("the spawn has not finished");
@@ -336,6 +387,7 @@ Status MpiCommunicator::AwaitJoin(const std::string& hostname, bool* joining, To
   HORA_MPI_CALL(MPI_Send(name.text, kHostNameBytes, MPI_CHAR, 0, kTagHost, parent));
   int fields[kPlaceFields] = {0};
   HORA_MPI_CALL(MPI_Recv(fields, kPlaceFields, MPI_INT, 0, kTagPlace, parent, MPI_STATUS_IGNORE));
+  if (fields[0] < 0) return NotNeeded();
   *place = PlaceFromFields(fields, name.text);
   *joining = true;
   return Status::OK();
@@ -347,6 +399,9 @@ Status MpiCommunicator::Join(const std::string& hostname, std::unique_ptr<MpiCom
   if (parent == MPI_COMM_NULL) return Status::Internal("this process was not started to join");
   const int ready = 1;
   HORA_MPI_CALL(MPI_Send(&ready, 1, MPI_INT, 0, kTagReady, parent));
+  int go = 0;
+  HORA_MPI_CALL(MPI_Recv(&go, 1, MPI_INT, 0, kTagGo, parent, MPI_STATUS_IGNORE));
+  if (!go) return NotNeeded();
   MPI_Comm merged = MPI_COMM_NULL;
   HORA_MPI_CALL(MPI_Intercomm_merge(parent, 1, &merged));
   return Adopt(merged, hostname, /*world=*/true, out);
@@ -376,6 +431,12 @@ Status MpiCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>*
   Status status = mpi->Joiners(&joiners);
   MPI_Comm merged = MPI_COMM_NULL;
   std::unique_ptr<MpiCommunicator> result;
+  if (status.ok() && topology_.rank == 0) {
+    const int go = 1;
+    for (int j = 0; j < mpi->count() && status.ok(); ++j) {
+      status = MpiStatus(MPI_Send(&go, 1, MPI_INT, j, kTagGo, joiners), "MPI_Send");
+    }
+  }
   if (status.ok()) {
     status = MpiStatus(MPI_Intercomm_merge(joiners, 0, &merged), "MPI_Intercomm_merge");
   }

@@ -165,10 +165,15 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
     the ranks' _grow_in_place sends it)."""
     from hora import _C
     from hora.common._adapter.naming import restart_counters
-    from hora.common.basics import local_rank
+    from hora.common.basics import _leave_if_not_needed, local_rank
+    from hora.common.exceptions import HoraShutdownError
     from hora.common.process_set_setup import setup_at_init
     if _C.joining():
-        _C.join_world()
+        try:
+            _C.join_world()
+        except HoraShutdownError as error:  # the world finished first
+            _leave_if_not_needed(error)
+            raise
         setup_at_init([])  # as the world does in Growth.grow
     restart_counters()
     store.writer = local_rank() == 0
