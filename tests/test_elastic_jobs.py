@@ -273,6 +273,51 @@ def _training_processes(script):
     return pids
 
 
+def _signal_one_rank_once(job, script, started, signum):
+    """Sends ``signum`` to the last of the job's training processes a second
+    after a line of output contains ``started``; the job's output once it
+    ended."""
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(started in line for line in lines) and time.monotonic() < deadline:
+        if job.poll() is not None:
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    victims = _training_processes(script)
+    assert len(victims) == 3, "".join(lines)
+    os.kill(victims[-1], signum)
+    try:
+        job.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        job.kill()
+    reader.join(10)
+    return "".join(lines)
+
+
+def test_a_stopped_rank_is_killed_and_replaced_in_place(job_env, tmp_path):
+    """A rank stopped with SIGSTOP would hold the others up for ever; in
+    place its wrapper kills it after HORA_ELASTIC_STOPPED_SECONDS and the
+    others go on without it, and replace it."""
+    prefix = str(tmp_path / "out")
+    job = _start(["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT],
+                 job_env, tmp_path,
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
+                  "HORA_ELASTIC_STOPPED_SECONDS": "2",
+                  "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    output = _signal_one_rank_once(job, SCRIPT, "world of 3", signal.SIGSTOP)
+    assert job.returncode == 0, output
+    assert "has been stopped for 2 s; killing it so that the others go on in place" in output, \
+        output
+    assert "go on in place" in output, output
+    assert "elastic reset" not in output, output
+    results = _params(prefix, 3)
+    _assert_same(results[1:], results)
+    assert all(r["size"] == 3 for r in results)
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "keras"])
 def test_the_elastic_example_survives_a_sigkill_in_place(framework, job_env, tmp_path):
     """The examples as they are, under --elastic-in-place: one of their
@@ -286,23 +331,7 @@ def test_the_elastic_example_survives_a_sigkill_in_place(framework, job_env, tmp
     job = _start(["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, example,
                   "--epochs", "6"], job_env, tmp_path,
                  {"HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not any("epoch" in line for line in lines[1:]) and time.monotonic() < deadline:
-        if job.poll() is not None:
-            break
-        time.sleep(0.1)
-    victims = _training_processes(example)
-    assert len(victims) == 3, "".join(lines)
-    os.kill(victims[-1], signal.SIGKILL)
-    try:
-        job.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        job.kill()
-    reader.join(10)
-    output = "".join(lines)
+    output = _signal_one_rank_once(job, example, "epoch", signal.SIGKILL)
     assert job.returncode == 0, output
     assert "go on in place" in output, output
     assert "elastic reset" not in output, output  # nothing was launched again

@@ -27,6 +27,22 @@ bool g_joining = false;
 Topology g_place;
 MpiWorldOptions g_join_options;
 
+// With g_mutex held: starts the engine of a world formed in place (after a
+// loss, a growth or a join) and makes it the process's; `seconds` gets the
+// time since `began`.
+Status StartWorld(std::unique_ptr<Communicator> comm, const char* context,
+                  std::chrono::steady_clock::time_point began, double* seconds) {
+  Config config;
+  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
+  SetLogRank(comm->rank());
+  std::unique_ptr<Engine> engine;
+  HORA_RETURN_IF_ERROR(Engine::Start(std::move(comm), config, &engine).WithContext(context));
+  g_engine = std::move(engine);
+  g_was_shut_down = false;
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Init(const InitOptions& options) {
@@ -96,16 +112,7 @@ Status Reform(double* seconds) {
   comm->Revoke();
   std::unique_ptr<Communicator> survivors;
   HORA_RETURN_IF_ERROR(comm->Shrink(&survivors).WithContext("hora.reform"));
-  Config config;
-  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
-  SetLogRank(survivors->rank());
-  std::unique_ptr<Engine> engine;
-  HORA_RETURN_IF_ERROR(
-      Engine::Start(std::move(survivors), config, &engine).WithContext("hora.reform"));
-  g_engine = std::move(engine);
-  g_was_shut_down = false;
-  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  return Status::OK();
+  return StartWorld(std::move(survivors), "hora.reform", began, seconds);
 }
 
 Status StartGrowth(const std::vector<std::string>& argv, int count) {
@@ -145,15 +152,7 @@ Status Grow(double* seconds) {
   old.swap(g_engine);
   g_was_shut_down = true;  // until the new engine runs
   Engine::Release(std::move(old));
-  Config config;
-  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
-  SetLogRank(grown->rank());
-  std::unique_ptr<Engine> engine;
-  HORA_RETURN_IF_ERROR(Engine::Start(std::move(grown), config, &engine).WithContext("hora.grow"));
-  g_engine = std::move(engine);
-  g_was_shut_down = false;
-  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  return Status::OK();
+  return StartWorld(std::move(grown), "hora.grow", began, seconds);
 }
 
 bool Joining() {
@@ -165,18 +164,10 @@ Status Join(double* seconds) {
   const auto began = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_joining) return Status::InvalidArgument("hora.join: this process is not waiting to join");
-  Config config;
-  HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
   std::unique_ptr<Communicator> comm;
   HORA_RETURN_IF_ERROR(FinishJoining(g_join_options, &comm).WithContext("hora.join"));
   g_joining = false;
-  SetLogRank(comm->rank());
-  std::unique_ptr<Engine> engine;
-  HORA_RETURN_IF_ERROR(Engine::Start(std::move(comm), config, &engine).WithContext("hora.join"));
-  g_engine = std::move(engine);
-  g_was_shut_down = false;
-  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  return Status::OK();
+  return StartWorld(std::move(comm), "hora.join", began, seconds);
 }
 
 Status CurrentTopology(Topology* out) {

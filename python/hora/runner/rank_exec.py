@@ -33,6 +33,9 @@ _PR_SET_PDEATHSIG = 1
 # How often the wrapper checks that mpirun's daemon (its parent) still lives,
 # and how long the command then gets to exit on SIGTERM before SIGKILL.
 _PARENT_POLL_S = 0.5
+# In place: how long a rank may stay stopped (SIGSTOP) before its wrapper
+# kills it (HORA_ELASTIC_STOPPED_SECONDS; 0: never).
+_STOPPED_S = 10.0
 _TERM_GRACE_S = 5.0
 # Once the command has exited, how long its output may still take to drain:
 # a background process it started (``sleep 45 &``) holds the pipes open
@@ -190,9 +193,23 @@ def die_with_parent():
         pass
 
 
-def _watch_parent(child, parent):
+def process_state(pid):
+    """The state letter Linux gives process ``pid`` (``R``, ``S``, ``T`` for
+    stopped, ``t`` for stopped by a debugger, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _watch(child, parent, stopped_limit, rank, prefix):
     # mpirun's daemon is our parent; when it goes away without stopping us
     # (killed with SIGKILL), stop the command rather than run on unowned.
+    # In place (stopped_limit > 0), a command stopped (SIGSTOP, a debugger)
+    # for that long is killed: the other ranks then go on without it, as
+    # after any lost rank, where they would otherwise wait for it.
+    stopped_since = None
     while child.poll() is None:
         if os.getppid() != parent:
             child.terminate()
@@ -202,6 +219,18 @@ def _watch_parent(child, parent):
             if child.poll() is None:
                 child.kill()
             return
+        if stopped_limit > 0:
+            now = time.monotonic()
+            if process_state(child.pid) not in ("T", "t"):
+                stopped_since = None
+            elif stopped_since is None:
+                stopped_since = now
+            elif now - stopped_since >= stopped_limit:
+                _write(sys.stderr.buffer, prefix + (
+                    f"rank {rank} has been stopped for {stopped_limit:g} s; killing it so that "
+                    f"the others go on in place\n").encode())
+                child.kill()
+                return
         time.sleep(_PARENT_POLL_S)
 
 
@@ -294,7 +323,14 @@ def main(argv=None):
     reports.start()
 
     _forward_signals(child)
-    threading.Thread(target=_watch_parent, args=(child, parent), daemon=True).start()
+    stopped_limit = 0.0
+    if env.get("HORA_ELASTIC_IN_PLACE") == "1":
+        try:
+            stopped_limit = float(env.get("HORA_ELASTIC_STOPPED_SECONDS", "") or _STOPPED_S)
+        except ValueError:
+            stopped_limit = _STOPPED_S
+    threading.Thread(target=_watch, args=(child, parent, stopped_limit, rank, prefix),
+                     daemon=True).start()
     relays = []
     if not files:
         relays = [
