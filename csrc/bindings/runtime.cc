@@ -142,10 +142,8 @@ void RegisterRuntime(py::module_& m) {
       },
       py::arg("argv"), py::arg("count"));
   m.def("growth_state", [] {
-    std::string error;
-    const runtime::GrowthState state = runtime::Growth(&error);
     const char* names[] = {"none", "starting", "ready", "failed"};
-    return std::make_pair(std::string(names[static_cast<int>(state)]), error);
+    return std::string(names[static_cast<int>(runtime::Growth())]);
   });
   m.def("grow", [] {
     Status status;

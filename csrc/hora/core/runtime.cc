@@ -125,14 +125,11 @@ Status StartGrowth(const std::vector<std::string>& argv, int count) {
   return g_engine->communicator()->StartSpawn(argv, count, &g_spawning);
 }
 
-GrowthState Growth(std::string* error) {
+GrowthState Growth() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_spawning) return GrowthState::kNone;
   if (!g_spawning->Finished()) return GrowthState::kStarting;
-  Status status = g_spawning->result();
-  if (status.ok()) return GrowthState::kReady;
-  *error = status.message();
-  return GrowthState::kFailed;
+  return g_spawning->result().ok() ? GrowthState::kReady : GrowthState::kFailed;
 }
 
 Status Grow(double* seconds) {

@@ -45,14 +45,14 @@ bool IsInitialized();
 Status Reform(double* seconds);
 // Growth in place: StartGrowth starts `count` processes running `argv`,
 // which join the world (Communicator::StartSpawn); collective, and
-// returns at once while the engine goes on. GrowthState says how far it
-// is. Grow, collective over the world and the new processes, then forms
+// returns at once while the engine goes on. Growth says how far it is
+// (why it failed, Grow says). Grow, collective over the world and the new processes, then forms
 // the world of both (the new ones last) and starts a new engine over it;
 // when a new process was lost on the way it fails alike everywhere and
 // the old engine goes on. A Reform abandons a growth under way.
 Status StartGrowth(const std::vector<std::string>& argv, int count);
 enum class GrowthState { kNone, kStarting, kReady, kFailed };
-GrowthState Growth(std::string* error);
+GrowthState Growth();
 Status Grow(double* seconds);
 // The running engine, or an error naming the fix (init first, or again
 // after a shutdown).

@@ -6,9 +6,10 @@ replacements are up, the next ``commit()`` takes them in.
 A replacement runs the command the ranks were launched with, under
 horarun's rank wrapper, with the environment of the survivor that started
 it (less what MPI and the wrapper give each process), and knows itself by
-``HORA_ELASTIC_JOINER_ID``: its ``hora.init()`` joins the survivors' world
-(as its last ranks) instead of forming one, and ``hvd.elastic.run`` then
-takes the state from rank 0 instead of from a commit.
+``HORA_ELASTIC_JOINER_ID``: its ``hora.init()`` learns the place it will
+have in the survivors' world (as its last ranks) without joining it, and
+its ``hvd.elastic.run`` joins, at the world's next commit, and takes the
+state from rank 0 instead of from a commit.
 
 Each process horarun started or a world started in its place has an id
 for horarun's bookkeeping: the launch's ranks are 0..np-1, replacements
@@ -31,6 +32,18 @@ _OWN_NAMES = frozenset(
 # A replacement that cannot start or join is tried again at most this many
 # times in a row.
 _MAX_FAILURES = 3
+
+
+def world_formed() -> None:
+    """Collective, on every rank of a world just formed in place (after a
+    loss, a growth, or in a replacement that joined): what ``hora.init()``
+    does after the engine starts, and the unnamed-collective counters from
+    0 (the ranks may differ by the interrupted step, a replacement has made
+    none)."""
+    from hora.common._adapter.naming import restart_counters
+    from hora.common.process_set_setup import setup_at_init
+    restart_counters()
+    setup_at_init([])
 
 
 class Growth:
@@ -82,28 +95,23 @@ class Growth:
 
     @staticmethod
     def ready() -> str | None:
-        """Rank 0, at a commit: 'ready' when the replacements are up,
-        'failed' when they could not start, else None."""
+        """Rank 0, at a commit: 'ready' when the replacements wait to join
+        (they reached ``hvd.elastic.run``), 'failed' when they could not
+        start (grow() then says why), else None."""
         from hora import _C
-        state, _ = _C.growth_state()
+        state = _C.growth_state()
         return state if state in ("ready", "failed") else None
 
     def grow(self) -> float | None:
         """Collective over the ranks and the replacements (the latter in
-        ``hora.init``): forms the world of both. The seconds it took, or
-        None when a replacement was lost on the way (the world stays as
-        it was)."""
+        their ``hvd.elastic.run``): forms the world of both. The seconds it
+        took, or None when a replacement was lost on the way (the world
+        stays as it was)."""
         from hora import _C
         from hora.common.basics import rank
         from hora.common.exceptions import HoraError
-        from hora.common._adapter.naming import restart_counters
-        from hora.common.process_set_setup import setup_at_init
         try:
             seconds = _C.grow()
-            restart_counters()
-            # what hora.init() does after the engine starts, which the
-            # replacements are doing now
-            setup_at_init([])
         except HoraError as error:
             self.failures += 1
             if rank() == 0:
@@ -111,6 +119,7 @@ class Growth:
                       file=sys.stderr, flush=True)
             return None
         self.failures = 0
+        world_formed()
         return seconds
 
     def share(self, state: Any) -> None:

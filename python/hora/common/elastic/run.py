@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from hora.common.elastic.growth import Growth
+from hora.common.elastic.growth import Growth, world_formed
 from hora.common.elastic.notifications import HostUpdateListener
 from hora.common.elastic.store import CommitStore
 from hora.common.exceptions import HoraInternalError, HostsUpdatedInterrupt
@@ -111,7 +111,6 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     """The survivors' new world, in place; leaves for a relaunch when the
     MPI cannot form one."""
     from hora import _C
-    from hora.common._adapter.naming import restart_counters
     from hora.common.basics import local_rank, rank, size
     from hora.common.exceptions import HoraError
     if state.holds_shards():
@@ -121,7 +120,7 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     except HoraError as failed:
         _leave(state, store, f"a rank was lost ({error}), and the survivors cannot go on in "
                              f"place ({failed})")
-    restart_counters()
+    world_formed()
     store.writer = local_rank() == 0
     state.drop_step_in_flight()
     # Every survivor takes the new rank 0's state as it is now (not as last
@@ -164,18 +163,15 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
     it joins now, at the world's next commit, and takes rank 0's state (as
     the ranks' _grow_in_place sends it)."""
     from hora import _C
-    from hora.common._adapter.naming import restart_counters
     from hora.common.basics import _leave_if_not_needed, local_rank
     from hora.common.exceptions import HoraShutdownError
-    from hora.common.process_set_setup import setup_at_init
     if _C.joining():
         try:
             _C.join_world()
         except HoraShutdownError as error:  # the world finished first
             _leave_if_not_needed(error)
             raise
-        setup_at_init([])  # as the world does in Growth.grow
-    restart_counters()
+        world_formed()  # as the world does in Growth.grow
     store.writer = local_rank() == 0
     state.sync()
     growth.share(state)
