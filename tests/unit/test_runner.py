@@ -137,10 +137,23 @@ def test_hosts_decide_slots_oversubscription_and_share():
     fits = _args(OPEN_MPI, 3, hosts=hosts, cores=8)
     assert fits[2:4] == ["-H", "a:2,b:1"]
     assert "--oversubscribe" not in fits
-    # The busiest host runs 2 ranks, so each gets 8 // 2 cores.
-    assert fits[fits.index("--map-by") + 1] == "slot:PE=4"
     beyond = _args(OPEN_MPI, 4, hosts=hosts, cores=8)
     assert "--oversubscribe" in beyond and beyond[beyond.index("--bind-to") + 1] == "none"
+    # One host named: its share of this machine's cores (the busiest host
+    # runs 2 ranks, so each gets 8 // 2).
+    one = _args(OPEN_MPI, 2, hosts=[Host("localhost", 2)], cores=8)
+    assert one[one.index("--map-by") + 1] == "slot:PE=4"
+
+
+def test_several_hosts_bind_nothing_as_horovod_does():
+    # This machine's cores say nothing of the other hosts': a pod or a
+    # container given CPU 1 fails a binding to core 0.
+    hosts = [Host("a", 1), Host("b", 1)]
+    args = _args(OPEN_MPI, 2, hosts=hosts, cores=2)
+    assert args[args.index("--bind-to") + 1] == "none" and "--map-by" not in args
+    assert _args(MPICH, 2, hosts=hosts, machinefile="/tmp/m", cores=2)[-2:] == ["-bind-to", "none"]
+    assert _args(INTEL_MPI, 2, hosts=hosts, machinefile="/tmp/m",
+                 cores=2)[-3:] == ["-genv", "I_MPI_PIN", "0"]
 
 
 def test_binding_args_replace_the_default():
@@ -188,10 +201,9 @@ def test_mpich_args():
 def test_mpich_and_intel_take_hosts_from_a_machine_file():
     hosts = [Host("a", 2), Host("b", 2)]
     mpich = _args(MPICH, 4, hosts=hosts, machinefile="/tmp/m", cores=2)
-    assert mpich == ["-n", "4", "-f", "/tmp/m", "-bind-to", "core:1"]
+    assert mpich == ["-n", "4", "-f", "/tmp/m", "-bind-to", "none"]
     intel = _args(INTEL_MPI, 4, hosts=hosts, machinefile="/tmp/m", cores=2)
-    assert intel == ["-n", "4", "-machinefile", "/tmp/m", "-genv", "I_MPI_PIN", "1",
-                     "-genv", "I_MPI_PIN_DOMAIN", "1"]
+    assert intel == ["-n", "4", "-machinefile", "/tmp/m", "-genv", "I_MPI_PIN", "0"]
     with pytest.raises(ValueError, match="machine file"):
         _args(MPICH, 4, hosts=hosts)
 

@@ -213,6 +213,21 @@ def test_a_clean_mpirun_exit_with_ranks_unaccounted_for_is_a_failure():
     assert supervise._outcome(0, 2, {0, 1}, None, None, False, 60, exited={0, 1}).code == 0
 
 
+def test_a_host_whose_daemon_mpirun_lost_is_named_with_its_ranks():
+    # Open MPI 5's words when a host's container is killed; host1 runs rank 1
+    # (the stand-in names host "host<rank>"), here fully qualified by mpirun.
+    outcome, _, err, _, _ = run("""
+        emit("started", 0); emit("started", 1)
+        sys.stderr.write("PRTE has lost communication with a remote daemon.\\n\\n"
+                         "  HNP daemon   : [prterun-c1-13@0,0] on node host0\\n"
+                         "  Remote daemon: [prterun-c1-13@0,1] on node host1.cluster.local\\n")
+        sys.exit(1)
+    """)
+    assert outcome.code == 1 and b"Remote daemon" in err
+    assert outcome.message == ("horarun: host host1.cluster.local was lost (mpirun lost its "
+                               "daemon there), and with it rank(s) 1; the job was stopped")
+
+
 def test_in_place_a_job_ends_well_when_every_rank_and_replacement_left_ends_well():
     body = """
         emit("started", 0); emit("started", 1)

@@ -54,7 +54,12 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
+
+try:
+    from mpi4py import MPI
+except ImportError as exc:
+    raise SystemExit("python -m hora.bench needs mpi4py for its MPI baselines: "
+                     "pip install 'hora[bench]' (or pip install mpi4py)") from exc
 
 import hora
 from hora.bench import implementations, resnet50

@@ -193,6 +193,10 @@ class LaunchSpec:
         return self.cores if self.hosts is None else total_slots(self.hosts)
 
     @property
+    def multi_host(self):
+        return self.hosts is not None and len({host.name for host in self.hosts}) > 1
+
+    @property
     def oversubscribed(self):
         return self.num_proc > self.slots
 
@@ -207,16 +211,20 @@ class LaunchSpec:
 def default_binding_args(flavour, spec):
     """Binding that gives each rank its own share of the cores, or none at
     all when ranks outnumber slots (pinned ranks sharing a core would take
-    turns on it while other cores idle)."""
+    turns on it while other cores idle) or run on several hosts, where Horovod
+    never binds either: horarun sees only this machine's cores, and a binding made
+    from them fails on a host with fewer cores or another CPU set (a
+    Kubernetes pod or a container given its own cores)."""
     share = spec.cores_per_rank
+    unbound = spec.oversubscribed or spec.multi_host
     if flavour == OPEN_MPI:
-        if spec.oversubscribed:
+        if unbound:
             return ["--bind-to", "none"]
         return ["--map-by", f"slot:PE={share}", "--bind-to", "core"]
     if flavour == MPICH:
-        return ["-bind-to", "none" if spec.oversubscribed else f"core:{share}"]
+        return ["-bind-to", "none" if unbound else f"core:{share}"]
     if flavour == INTEL_MPI:
-        if spec.oversubscribed:
+        if unbound:
             return ["-genv", "I_MPI_PIN", "0"]
         return ["-genv", "I_MPI_PIN", "1", "-genv", "I_MPI_PIN_DOMAIN", str(share)]
     raise ValueError(f"unknown MPI flavour {flavour!r}")

@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -35,6 +36,10 @@ DRAIN_S = 5.0
 # When it says so and no rank has started, nothing has run yet, and the
 # launch can simply be tried again.
 TRANSIENT_START_FAILURES = (b"PMIx server's listener thread failed to start",)
+# How mpirun (Open MPI 4's ORTE and 5's PRRTE) names a host whose daemon it
+# lost (the host died, or its container was killed): "Remote daemon: [..] on
+# node c2".
+LOST_DAEMON = re.compile(rb"Remote daemon\s*:\s*\S+ on node (\S+)")
 
 
 @dataclasses.dataclass
@@ -56,6 +61,9 @@ def _relay(pipe, sink, events):
             continue
         if any(text in line for text in TRANSIENT_START_FAILURES):
             events.put(("transient", None))
+        lost = LOST_DAEMON.search(line)
+        if lost:
+            events.put(("host_lost", lost.group(1).decode(errors="replace")))
         try:
             sink.write(line)
             sink.flush()
@@ -146,6 +154,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
     # was not being stopped anyway)
     raised, failures = {}, {}
     hosts = {}  # rank -> host, from "started"
+    lost_hosts = []  # hosts whose mpirun daemon was lost, as mpirun names them
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
@@ -153,6 +162,9 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
         nonlocal stop_signal, transient
         if kind == "transient":
             transient = True
+        elif kind == "host_lost":
+            if value not in lost_hosts:
+                lost_hosts.append(value)
         elif kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
@@ -212,7 +224,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
                 kind, value = events.get_nowait()
             except queue.Empty:
                 break
-            if kind in ("marker", "transient"):
+            if kind in ("marker", "transient", "host_lost"):
                 handle(kind, value, time.monotonic())
     finally:
         for signum, handler in previous.items():
@@ -228,7 +240,8 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
         return Outcome(0, f"horarun: rank(s) {_rank_list(sorted(failures))} failed; ranks "
                           f"{_rank_list(survivors)} finished in place", started=frozenset(started))
     outcome = _outcome(code, num_proc, started, _cause(failures, raised, hosts),
-                       stop_signal, start_expired, start_timeout, exited)
+                       stop_signal, start_expired, start_timeout, exited,
+                       _lost_ranks(lost_hosts, hosts, exited))
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
@@ -276,8 +289,24 @@ def _rank_list(ranks):
     return ", ".join(map(str, ranks))
 
 
+def _same_host(a, b):
+    """mpirun may name a host otherwise than the host names itself (fully
+    qualified, or not): names also match up to their first dot."""
+    return a == b or a.split(".")[0] == b.split(".")[0]
+
+
+def _lost_ranks(lost_hosts, hosts, exited):
+    """(host, its ranks that never reported an end) for the first host whose
+    daemon mpirun lost, or None."""
+    if not lost_hosts:
+        return None
+    lost = lost_hosts[0]
+    return lost, sorted(rank for rank, host in hosts.items()
+                        if rank not in exited and _same_host(host, lost))
+
+
 def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout,
-             exited=None):
+             exited=None, lost=None):
     started = frozenset(started)
     if stop_signal is not None:
         return Outcome(128 + stop_signal,
@@ -302,6 +331,11 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
     if code < 0:
         return Outcome(128 - code, f"horarun: mpirun was killed by {markers.signal_name(-code)}",
                        started=started)
+    if lost is not None:
+        host, ranks = lost
+        on_it = f", and with it rank(s) {_rank_list(ranks)}" if ranks else ""
+        return Outcome(code or 1, f"horarun: host {host} was lost (mpirun lost its daemon "
+                                  f"there){on_it}; the job was stopped", started=started)
     missing = sorted(set(range(num_proc)) - set(exited if exited is not None else range(num_proc)))
     if code == 0 and missing:
         # mpirun can end "successfully" after losing a host whose daemon
