@@ -143,9 +143,16 @@ build() {  # build TAG DOCKERFILE PIP-EXTRA-DIR [BUILD-ARG...]
   local t; t=$(now)
   local args=()
   for a in "$@"; do args+=(--build-arg "$a"); done
+  local previous
+  previous=$($engine image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
   echo "building $tag from $file..."
   $engine build "${eargs[@]}" -f "$file" -t "$tag" --build-context "pip-extra=$pip_extra" \
     "${args[@]}" .
+  # The image this build replaced, now untagged: removed unless a container
+  # still uses it (each would otherwise keep its own compiled layer).
+  if [ -n "$previous" ] && [ "$previous" != "$($engine image inspect --format '{{.Id}}' "$tag")" ]; then
+    $engine rmi "$previous" >/dev/null 2>&1 || true
+  fi
   echo "$tag built in $(( $(now) - t )) s; size $($engine image inspect --format '{{.Size}}' "$tag" \
     | awk '{printf "%.0f MB", $1 / 1e6}')"
 }

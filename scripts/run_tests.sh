@@ -7,9 +7,18 @@
 # tests, the multi-rank tests under horarun at 1, 2 and 3 ranks
 # (tests/parallel, tests/tf_parallel, and tests/mx_parallel in the MXNet
 # environment), and the compile-only check of the CUDA build where nvcc is
-# installed.
+# installed. The container tests (tests/test_containers.py) need podman: run
+# as root on a machine with apt and without podman, this script installs it
+# (with runc and mmdebstrap) first; elsewhere those tests are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v podman >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing podman, runc and mmdebstrap for the container tests..."
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+           podman runc mmdebstrap uidmap >/dev/null; }; then
+    echo "could not install podman; the container tests will be skipped" >&2
+  fi
+fi
 # Where the CUDA toolkit is installed, NCCL's wheel comes along so that the
 # compile-only check of the CUDA build (tests/test_cuda_build.py) can link.
 HORA_NCCL_WHEEL=1 bash scripts/install.sh test torch tensorflow spark ray

@@ -234,3 +234,18 @@ def test_killing_the_second_container_stops_the_job_and_names_the_rank(container
     assert re.search(r"horarun: host c2 was lost .*, and with it rank\(s\) 1;", output), \
         output[-5000:]
     assert elapsed < 60, f"the job took {elapsed:.0f} s to stop:\n{output[-5000:]}"
+
+
+def test_the_cuda_image_builds_and_reports_its_cuda_and_nccl_build(engine):
+    """hora:cuda compiles here without a GPU (on a base with PyPI's CUDA
+    toolkit where NVIDIA's images cannot be pulled); PyTorch for CUDA, several
+    GB that cannot run here, is left out."""
+    build = subprocess.run(["bash", str(ROOT / "scripts" / "build_images.sh"), "cuda"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=BUILD_TIMEOUT_SECONDS,
+                           env=dict(os.environ, HORA_IMAGE_EXTRAS="examples bench"))
+    assert build.returncode == 0, f"scripts/build_images.sh cuda failed:\n{build.stdout[-10000:]}"
+    assert re.search(r"hora:cuda built in \d+ s; size \d+ MB", build.stdout), build.stdout[-3000:]
+    check = engine.run("hora:cuda", "horarun", "--check-build", check=False).stdout
+    assert re.search(r"\[X\] CUDA +built in: compiled with CUDA \d+\.\d+", check), check
+    assert re.search(r"\[X\] NCCL +built in: [0-9.]+ loaded", check), check

@@ -76,7 +76,8 @@ def build_parser():
     mpi.add_argument("--binding-args", metavar="ARGS", default=None,
                      help="mpirun's process binding arguments, replacing horarun's default "
                           "(each rank bound to its share of the cores; no binding when ranks "
-                          "outnumber slots); \"\" leaves binding to mpirun")
+                          "outnumber slots or run on several hosts); \"\" leaves binding "
+                          "to mpirun")
     mpi.add_argument("-x", dest="env", metavar="VAR[=VALUE]", action="append", default=[],
                      help="pass this environment variable to every rank (its value here, or "
                           "VALUE); HORA_*, HOROVOD_*, PATH, PYTHONPATH and LD_LIBRARY_PATH "
