@@ -228,6 +228,65 @@ def test_a_host_whose_daemon_mpirun_lost_is_named_with_its_ranks():
                                "daemon there), and with it rank(s) 1; the job was stopped")
 
 
+def test_a_lost_host_is_the_cause_though_a_rank_left_behind_failed_first():
+    # Rank 0 loses its peer (an error of hora's, not its own) and exits
+    # before mpirun reports that rank 1's host is gone.
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        emit("raised", 0, "peer"); emit("exited", 0, "code=1")
+        sys.stderr.write("  Remote daemon: [prterun-x@0,1] on node host1\\n")
+        sys.exit(1)
+    """)
+    assert outcome.code == 1 and outcome.first_failure is None
+    assert outcome.message == ("horarun: host host1 was lost (mpirun lost its daemon there), "
+                               "and with it rank(s) 1; the job was stopped")
+
+
+def test_a_host_whose_ssh_session_ended_is_named_as_lost():
+    # Open MPI 5 when the ssh session to a host ends before its daemon is
+    # missed: the start-up failure message, naming the host as "Remote host".
+    banner = ("  Local host:    host0\\n  Remote host:   host1\\n  Daemon exit status: 255\\n")
+    outcome, *_ = run(f"""
+        emit("started", 0); emit("started", 1)
+        sys.stderr.write("A daemon failed to report back after being spawned. This could\\n"
+                         "{banner}------\\n")
+        sys.exit(255)
+    """)
+    assert outcome.code == 255
+    assert outcome.message == ("horarun: host host1 was lost (mpirun lost its daemon there), "
+                               "and with it rank(s) 1; the job was stopped")
+    # Before any rank started there: the host could not be reached.
+    outcome, *_ = run(f"""
+        emit("started", 0)
+        sys.stderr.write("A daemon failed to report back after being spawned. This could\\n"
+                         "{banner}------\\n")
+        sys.exit(255)
+    """)
+    assert outcome.message.startswith("horarun: mpirun lost its daemon on host host1 (the host "
+                                      "cannot be reached")
+
+
+def test_remote_host_lines_of_other_messages_name_no_lost_host():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        sys.stderr.write("Open MPI failed to TCP connect to a peer MPI process.\\n"
+                         "  Local host: host0\\n  Remote host: host1\\n")
+        sys.exit(5)
+    """)
+    assert outcome.message == "horarun: job failed with exit code 5"
+
+
+def test_an_exception_of_a_ranks_own_is_the_cause_though_a_host_was_lost():
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        emit("raised", 0, "own"); emit("exited", 0, "code=1")
+        sys.stderr.write("  Remote daemon: [prterun-x@0,1] on node host1\\n")
+        sys.exit(1)
+    """)
+    assert outcome.first_failure.rank == 0
+    assert outcome.message.startswith("horarun: rank 0 on host host0 failed first")
+
+
 def test_in_place_a_job_ends_well_when_every_rank_and_replacement_left_ends_well():
     body = """
         emit("started", 0); emit("started", 1)

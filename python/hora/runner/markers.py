@@ -46,6 +46,16 @@ class Marker:
             return f"named by rank {value} as lost or stopped"
         return f"killed by {value}" if kind == "signal" else f"exit code {value}"
 
+    def exit_code(self):
+        """What a launcher exits with for this rank's end: its exit code,
+        128 + the signal that killed it, or 0 when that is unknown."""
+        kind, _, value = self.outcome.partition("=")
+        if kind == "code":
+            return int(value)
+        if kind == "signal" and value in signal.Signals.__members__:
+            return 128 + signal.Signals[value].value
+        return 0
+
     @property
     def failed(self):
         return self.event == "exited" and self.outcome != "code=0"

@@ -38,8 +38,12 @@ DRAIN_S = 5.0
 TRANSIENT_START_FAILURES = (b"PMIx server's listener thread failed to start",)
 # How mpirun (Open MPI 4's ORTE and 5's PRRTE) names a host whose daemon it
 # lost (the host died, or its container was killed): "Remote daemon: [..] on
-# node c2".
+# node c2" after "lost communication with a remote daemon", or, when the ssh
+# session to the host ended first, "Remote host: c2" in the message that
+# begins "A daemon failed to report back".
 LOST_DAEMON = re.compile(rb"Remote daemon\s*:\s*\S+ on node (\S+)")
+DAEMON_NOT_BACK = b"daemon failed to report back"
+DAEMON_NOT_BACK_HOST = re.compile(rb"^\s*Remote host\s*:\s*(\S+)")
 
 
 @dataclasses.dataclass
@@ -54,6 +58,7 @@ class Outcome:
 
 def _relay(pipe, sink, events):
     """Copies mpirun's output line by line, taking out the ranks' markers."""
+    not_back = False  # inside mpirun's "A daemon failed to report back" message
     for line in iter(pipe.readline, b""):
         marker = markers.decode(line)
         if marker is not None:
@@ -62,6 +67,12 @@ def _relay(pipe, sink, events):
         if any(text in line for text in TRANSIENT_START_FAILURES):
             events.put(("transient", None))
         lost = LOST_DAEMON.search(line)
+        if not_back and not lost:
+            lost = DAEMON_NOT_BACK_HOST.search(line)
+        if DAEMON_NOT_BACK in line:
+            not_back = True
+        elif lost or line.startswith(b"-----"):
+            not_back = False
         if lost:
             events.put(("host_lost", lost.group(1).decode(errors="replace")))
         try:
@@ -239,9 +250,15 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
         # replacement that did not): the job finished in place.
         return Outcome(0, f"horarun: rank(s) {_rank_list(sorted(failures))} failed; ranks "
                           f"{_rank_list(survivors)} finished in place", started=frozenset(started))
-    outcome = _outcome(code, num_proc, started, _cause(failures, raised, hosts),
-                       stop_signal, start_expired, start_timeout, exited,
-                       _lost_ranks(lost_hosts, hosts, exited))
+    cause = _cause(failures, raised, hosts)
+    lost = _lost_ranks(lost_hosts, hosts, exited)
+    if lost is not None and cause is not None and not _raised_its_own(cause.rank, raised):
+        # The ranks left behind fail on the lost host's account (a lost
+        # peer), possibly before mpirun reports the host: the host is the cause.
+        code = cause.exit_code()
+        cause = None
+    outcome = _outcome(code, num_proc, started, cause, stop_signal, start_expired,
+                       start_timeout, exited, lost)
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
@@ -289,6 +306,12 @@ def _rank_list(ranks):
     return ", ".join(map(str, ranks))
 
 
+def _raised_its_own(rank, raised):
+    """Whether ``rank`` failed with an exception of its own (not a peer's)."""
+    marker = raised.get(rank)
+    return marker is not None and not marker.outcome.startswith("peer")
+
+
 def _same_host(a, b):
     """mpirun may name a host otherwise than the host names itself (fully
     qualified, or not): names also match up to their first dot."""
@@ -316,14 +339,7 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
         return Outcome(code or 1, f"horarun: job stopped: not every rank started within "
                                   f"{start_timeout:g} s", started=started)
     if first_failure is not None:
-        kind, _, value = first_failure.outcome.partition("=")
-        if kind == "code":
-            exit_code = int(value)
-        else:
-            try:
-                exit_code = 128 + signal.Signals[value].value
-            except KeyError:
-                exit_code = code or 1
+        exit_code = first_failure.exit_code() or code or 1
         return Outcome(exit_code,
                        f"horarun: rank {first_failure.rank} on host {first_failure.host} failed "
                        f"first ({first_failure.describe()}); the job was stopped",
@@ -333,9 +349,13 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
                        started=started)
     if lost is not None:
         host, ranks = lost
-        on_it = f", and with it rank(s) {_rank_list(ranks)}" if ranks else ""
+        if not ranks:  # no rank had started there
+            return Outcome(code or 1, f"horarun: mpirun lost its daemon on host {host} (the host "
+                                      f"cannot be reached, or the daemon could not start or "
+                                      f"run there); the job was stopped", started=started)
         return Outcome(code or 1, f"horarun: host {host} was lost (mpirun lost its daemon "
-                                  f"there){on_it}; the job was stopped", started=started)
+                                  f"there), and with it rank(s) {_rank_list(ranks)}; the job "
+                                  f"was stopped", started=started)
     missing = sorted(set(range(num_proc)) - set(exited if exited is not None else range(num_proc)))
     if code == 0 and missing:
         # mpirun can end "successfully" after losing a host whose daemon
