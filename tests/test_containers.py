@@ -7,7 +7,8 @@ as an arbitrary uid. Containers on one podman network then act as hosts:
 the Kubeflow MPIJob manifests' launcher and worker commands run as they are
 written (as root and as uid 1000), ``horarun -H c1:1,c2:1`` from the first
 container reaches the second over ssh, and killing the second container
-stops the job at once, naming the host and its rank.
+stops the job at once, naming the host and its rank; with elastic options
+the job goes on in the first container.
 
 Needs podman (or a running Docker engine); elsewhere the tests are skipped,
 with the reason. ``scripts/run_tests.sh`` installs podman where it runs as
@@ -88,6 +89,16 @@ class Engine:
                 return
             time.sleep(0.2)
         pytest.fail(f"sshd in {name} did not start:\n{logs[-3000:]}")
+
+    def wait_for_name(self, name, other):
+        """Waits until container ``name`` resolves ``other`` (the network's
+        DNS learns a new container's name a moment after it starts)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self("exec", name, "getent", "hosts", other, check=False).returncode == 0:
+                return
+            time.sleep(0.2)
+        pytest.fail(f"{name} cannot resolve {other}")
 
     def tidy(self):
         while self.cleanup:
@@ -175,6 +186,8 @@ def test_an_mpijob_runs_its_manifests_commands(containers, tmp_path, flavour):
                          *_cpuset(i), IMAGE, *worker_command)
     for worker in workers:
         containers.wait_for_sshd(worker)
+    for worker in workers:
+        containers.wait_for_name(workers[0], worker)
     done = containers.run("--name", f"{name}-launcher", "--network", network,
                           "--user", str(launcher_uid), "-v", mount,
                           "-v", f"{hostfile}:/etc/mpi/hostfile:ro", *_cpuset(0),
@@ -192,6 +205,7 @@ def _two_hosts(containers, tmp_path):
                          *_cpuset(i), IMAGE, "/usr/sbin/sshd", "-De")
     for host in ("c1", "c2"):
         containers.wait_for_sshd(host)
+    containers.wait_for_name("c1", "c2")
 
 
 def test_horarun_in_one_container_runs_a_rank_in_the_other(containers, tmp_path):
@@ -252,3 +266,36 @@ def test_the_cuda_image_builds_and_reports_its_cuda_and_nccl_build(engine):
     check = engine.run("hora:cuda", "horarun", "--check-build", check=False).stdout
     assert re.search(r"\[X\] CUDA +built in: compiled with CUDA \d+\.\d+", check), check
     assert re.search(r"\[X\] NCCL +built in: [0-9.]+ loaded", check), check
+
+
+def test_with_elastic_options_the_job_goes_on_without_the_killed_container(containers, tmp_path):
+    """An elastic job on both containers loses c2: mpirun cannot keep a job
+    whose host's daemon it lost, so horarun launches again; c2 alone counts
+    the failed starts, and after three it is left out and c1 trains on from
+    the last commit."""
+    _two_hosts(containers, tmp_path)
+    job = subprocess.Popen([*containers.command, "exec", "c1", "horarun", "-H", "c1:1,c2:1",
+                            "-np", "2", "--min-np", "1", "python",
+                            "examples/pytorch/elastic_train_digits.py", "--epochs", "4",
+                            "--step-seconds", "0.02"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+    lines = []
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if re.search(r"\[0\] epoch 0:", line):
+                break
+        assert lines and "epoch 0:" in lines[-1], "".join(lines)[-5000:]
+        containers("kill", "c2")
+        rest, _ = job.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    output = "".join(lines) + rest
+    assert job.returncode == 0, output[-5000:]
+    assert "host c2 failed 3 launches in a row" in output, output[-5000:]
+    assert "host c1 failed" not in output, output[-5000:]
+    assert "[0] new world: 1 rank(s)" in output, output[-5000:]
+    assert _accuracy(output) >= 0.9

@@ -246,6 +246,30 @@ def test_a_host_whose_ranks_never_start_is_retried_with_back_off_then_blackliste
     assert "before rank(s) on nosuchhost.invalid started" in said[0], said
 
 
+def test_a_lost_host_alone_is_blamed_and_the_job_goes_on_without_it(monkeypatch):
+    # Host c2 dies while training; the next launches fail to start there
+    # (its daemon never reports back) before the ranks on c1 start too.
+    # Only c2 counts the failures, so c1 carries on alone.
+    pauses, launches, said = [], [], []
+    monkeypatch.setattr(elastic.time, "sleep", pauses.append)
+
+    def launch(num_proc, hosts, extra):
+        launches.append(hosts)
+        if any(h.name == "c2" for h in hosts):
+            started = frozenset({0, 1}) if len(launches) == 1 else frozenset()
+            return supervise.Outcome(255, "horarun: host c2 was lost", started=started,
+                                     lost_host="c2.cluster.local")
+        return supervise.Outcome(0)
+
+    discovery = elastic.Discovery(None, None, [Host("c1", 1), Host("c2", 1)])
+    code = elastic.run(_options(min_np=1, max_np=2), discovery, launch, {}, ["x"], said.append)
+    assert code == 0, said
+    assert launches[-1] == [Host("c1", 1)]
+    assert len(launches) == elastic.HOST_FAILURES_BEFORE_BLACKLIST + 1
+    assert any("host c2 failed 3 launches in a row" in line for line in said), said
+    assert not any("host c1 failed" in line for line in said), said
+
+
 def test_a_failing_discovery_script_is_reported_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(elastic, "DISCOVERY_INTERVAL_S", 0.05)
     said = []

@@ -322,7 +322,16 @@ def run(options: ElasticOptions, discovery: Discovery,
                     f"in a row, each within {HEALTHY_RUN_S:g} s of its start: a fault of its "
                     f"own (its error is above) that a new world does not fix, so the job stops")
                 return outcome.code or 1
-            if failure is None and not_started:
+            if outcome.lost_host is not None:
+                # mpirun lost that host's daemon: the host's fault alone
+                # (the others' ranks were stopped, or never started, on its
+                # account).
+                blacklist.record(_world_name(world, outcome.lost_host),
+                                 ran > HEALTHY_RUN_S, log)
+                if not_started:
+                    start_retry = min(START_RETRY_MAX_S,
+                                      max(START_RETRY_FIRST_S, previous_retry * 2))
+            elif failure is None and not_started:
                 # mpirun failed before some ranks started: their hosts'
                 # fault (as discovery names them), retried with a pause.
                 hosts = sorted({_host_of(world, rank) for rank in not_started})
@@ -339,6 +348,15 @@ def run(options: ElasticOptions, discovery: Discovery,
                 f"(--reset-limit {options.reset_limit}), so it stops here")
             return outcome.code or 1
         log(f"horarun: elastic reset {resets}: {cause}")
+
+
+def _world_name(world: list[hostlib.Host], name: str) -> str:
+    """``name`` as discovery or -H names that host: mpirun may qualify a
+    name, or drop its domain."""
+    for host in world:
+        if host.name == name or host.name.split(".")[0] == name.split(".")[0]:
+            return host.name
+    return name
 
 
 def _host_of(world: list[hostlib.Host], rank: int) -> str:

@@ -54,6 +54,7 @@ class Outcome:
     started: frozenset = frozenset()
     transient_start_failure: bool = False  # safe to launch again: see TRANSIENT_START_FAILURES
     stopped: bool = False           # by Ctrl-C or SIGTERM: not a failure to recover from
+    lost_host: str | None = None    # the host whose daemon mpirun lost, as mpirun names it
 
 
 def _relay(pipe, sink, events):
@@ -352,10 +353,11 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
         if not ranks:  # no rank had started there
             return Outcome(code or 1, f"horarun: mpirun lost its daemon on host {host} (the host "
                                       f"cannot be reached, or the daemon could not start or "
-                                      f"run there); the job was stopped", started=started)
+                                      f"run there); the job was stopped", started=started,
+                           lost_host=host)
         return Outcome(code or 1, f"horarun: host {host} was lost (mpirun lost its daemon "
                                   f"there), and with it rank(s) {_rank_list(ranks)}; the job "
-                                  f"was stopped", started=started)
+                                  f"was stopped", started=started, lost_host=host)
     missing = sorted(set(range(num_proc)) - set(exited if exited is not None else range(num_proc)))
     if code == 0 and missing:
         # mpirun can end "successfully" after losing a host whose daemon
