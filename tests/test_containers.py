@@ -221,30 +221,36 @@ def test_horarun_in_one_container_runs_a_rank_in_the_other(containers, tmp_path)
     assert _accuracy(done.stdout) >= 0.95
 
 
-def test_killing_the_second_container_stops_the_job_and_names_the_rank(containers, tmp_path):
-    _two_hosts(containers, tmp_path)
-    job = subprocess.Popen([*containers.command, "exec", "c1", "horarun", "-H", "c1:1,c2:1",
-                            "-np", "2", "python", "examples/pytorch/train_digits.py",
-                            "--epochs", "100000"],
+def _kill_c2_during(containers, command, started):
+    """Runs ``command`` in c1, kills c2 once a line matches ``started``, and
+    returns (exit code, output, seconds from the kill to the end)."""
+    job = subprocess.Popen([*containers.command, "exec", "c1", *command],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace")
     lines = []
     try:
         for line in job.stdout:
             lines.append(line)
-            if re.search(r"epoch +2 ", line):
+            if re.search(started, line):
                 break
-        assert lines and "epoch" in lines[-1], "".join(lines)[-5000:]
+        assert lines and re.search(started, lines[-1]), "".join(lines)[-5000:]
         killed = time.monotonic()
         containers("kill", "c2")
-        rest, _ = job.communicate(timeout=120)
+        rest, _ = job.communicate(timeout=JOB_TIMEOUT_SECONDS)
         elapsed = time.monotonic() - killed
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
-    output = "".join(lines) + rest
-    assert job.returncode != 0, output[-5000:]
+    return job.returncode, "".join(lines) + rest, elapsed
+
+
+def test_killing_the_second_container_stops_the_job_and_names_the_rank(containers, tmp_path):
+    _two_hosts(containers, tmp_path)
+    code, output, elapsed = _kill_c2_during(
+        containers, ["horarun", "-H", "c1:1,c2:1", "-np", "2", "python",
+                     "examples/pytorch/train_digits.py", "--epochs", "100000"], r"epoch +2 ")
+    assert code != 0, output[-5000:]
     # mpirun names the lost host (in one of two messages), or else rank 0,
     # failing first, names the rank it lost.
     assert re.search(r"horarun: host c2 was lost .*, and with it rank\(s\) 1;"
@@ -274,27 +280,11 @@ def test_with_elastic_options_the_job_goes_on_without_the_killed_container(conta
     the failed starts, and after three it is left out and c1 trains on from
     the last commit."""
     _two_hosts(containers, tmp_path)
-    job = subprocess.Popen([*containers.command, "exec", "c1", "horarun", "-H", "c1:1,c2:1",
-                            "-np", "2", "--min-np", "1", "python",
-                            "examples/pytorch/elastic_train_digits.py", "--epochs", "4",
-                            "--step-seconds", "0.02"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           errors="replace")
-    lines = []
-    try:
-        for line in job.stdout:
-            lines.append(line)
-            if re.search(r"\[0\] epoch 0:", line):
-                break
-        assert lines and "epoch 0:" in lines[-1], "".join(lines)[-5000:]
-        containers("kill", "c2")
-        rest, _ = job.communicate(timeout=JOB_TIMEOUT_SECONDS)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    output = "".join(lines) + rest
-    assert job.returncode == 0, output[-5000:]
+    code, output, _ = _kill_c2_during(
+        containers, ["horarun", "-H", "c1:1,c2:1", "-np", "2", "--min-np", "1", "python",
+                     "examples/pytorch/elastic_train_digits.py", "--epochs", "4",
+                     "--step-seconds", "0.02"], r"\[0\] epoch 0:")
+    assert code == 0, output[-5000:]
     assert "host c2 failed 3 launches in a row" in output, output[-5000:]
     assert "host c1 failed" not in output, output[-5000:]
     assert "[0] new world: 1 rank(s)" in output, output[-5000:]
