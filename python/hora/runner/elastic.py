@@ -305,6 +305,7 @@ def run(options: ElasticOptions, discovery: Discovery,
         failure = outcome.first_failure
         not_started = sorted(set(range(num_proc)) - set(outcome.started))
         start_retry = 0.0
+        backoff = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
         if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
             cause = watcher.changed or (f"rank {failure.rank} on host {failure.host} left for a "
                                         f"new world (a peer was lost)")
@@ -326,11 +327,11 @@ def run(options: ElasticOptions, discovery: Discovery,
                 # mpirun lost that host's daemon: the host's fault alone
                 # (the others' ranks were stopped, or never started, on its
                 # account).
-                blacklist.record(_world_name(world, outcome.lost_host),
+                named = [h.name for h in world if hostlib.same_host(h.name, outcome.lost_host)]
+                blacklist.record(named[0] if named else outcome.lost_host,
                                  ran > HEALTHY_RUN_S, log)
                 if not_started:
-                    start_retry = min(START_RETRY_MAX_S,
-                                      max(START_RETRY_FIRST_S, previous_retry * 2))
+                    start_retry = backoff
             elif failure is None and not_started:
                 # mpirun failed before some ranks started: their hosts'
                 # fault (as discovery names them), retried with a pause.
@@ -338,7 +339,7 @@ def run(options: ElasticOptions, discovery: Discovery,
                 cause += f" before rank(s) on {', '.join(hosts)} started"
                 for host in hosts:
                     blacklist.record(host, False, log)
-                start_retry = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
+                start_retry = backoff
             elif failure is not None:
                 blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
         previous_retry = start_retry
@@ -348,15 +349,6 @@ def run(options: ElasticOptions, discovery: Discovery,
                 f"(--reset-limit {options.reset_limit}), so it stops here")
             return outcome.code or 1
         log(f"horarun: elastic reset {resets}: {cause}")
-
-
-def _world_name(world: list[hostlib.Host], name: str) -> str:
-    """``name`` as discovery or -H names that host: mpirun may qualify a
-    name, or drop its domain."""
-    for host in world:
-        if host.name == name or host.name.split(".")[0] == name.split(".")[0]:
-            return host.name
-    return name
 
 
 def _host_of(world: list[hostlib.Host], rank: int) -> str:

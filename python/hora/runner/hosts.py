@@ -143,3 +143,10 @@ def host_string(hosts):
 def machinefile_text(hosts):
     """The ``host:N`` lines that Hydra's machine files take."""
     return "".join(f"{host.name}:{host.slots}\n" for host in hosts)
+
+
+def same_host(a, b):
+    """Whether two names are one host: mpirun, discovery and the host itself
+    may name it with or without its domain, so names match up to their
+    first dot too."""
+    return a == b or a.split(".")[0] == b.split(".")[0]

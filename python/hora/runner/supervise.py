@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from hora.runner import hosts as hostlib
 from hora.runner import markers
 
 # After the first rank fails, mpirun gets this long to stop the others
@@ -166,17 +167,16 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
     # was not being stopped anyway)
     raised, failures = {}, {}
     hosts = {}  # rank -> host, from "started"
-    lost_hosts = []  # hosts whose mpirun daemon was lost, as mpirun names them
+    lost_host = None  # the first host whose daemon mpirun lost, as mpirun names it
     transient = False
     start_deadline = time.monotonic() + start_timeout if start_timeout else None
 
     def handle(kind, value, now):
-        nonlocal stop_signal, transient
+        nonlocal stop_signal, transient, lost_host
         if kind == "transient":
             transient = True
         elif kind == "host_lost":
-            if value not in lost_hosts:
-                lost_hosts.append(value)
+            lost_host = lost_host or value
         elif kind == "marker":
             if value.event == "started":
                 started.add(value.rank)
@@ -252,7 +252,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
         return Outcome(0, f"horarun: rank(s) {_rank_list(sorted(failures))} failed; ranks "
                           f"{_rank_list(survivors)} finished in place", started=frozenset(started))
     cause = _cause(failures, raised, hosts)
-    lost = _lost_ranks(lost_hosts, hosts, exited)
+    lost = _lost_ranks(lost_host, hosts, exited)
     if lost is not None and cause is not None and not _raised_its_own(cause.rank, raised):
         # The ranks left behind fail on the lost host's account (a lost
         # peer), possibly before mpirun reports the host: the host is the cause.
@@ -313,20 +313,13 @@ def _raised_its_own(rank, raised):
     return marker is not None and not marker.outcome.startswith("peer")
 
 
-def _same_host(a, b):
-    """mpirun may name a host otherwise than the host names itself (fully
-    qualified, or not): names also match up to their first dot."""
-    return a == b or a.split(".")[0] == b.split(".")[0]
-
-
-def _lost_ranks(lost_hosts, hosts, exited):
-    """(host, its ranks that never reported an end) for the first host whose
-    daemon mpirun lost, or None."""
-    if not lost_hosts:
+def _lost_ranks(lost, hosts, exited):
+    """(host, its ranks that never reported an end) for the host whose
+    daemon mpirun lost first, or None."""
+    if lost is None:
         return None
-    lost = lost_hosts[0]
     return lost, sorted(rank for rank, host in hosts.items()
-                        if rank not in exited and _same_host(host, lost))
+                        if rank not in exited and hostlib.same_host(host, lost))
 
 
 def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired, start_timeout,
