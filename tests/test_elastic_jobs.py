@@ -132,38 +132,44 @@ def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_pat
     assert all(r["size"] == 2 and r["resets"] == 1 for r in results)
 
 
-@pytest.mark.parametrize("lost,fault", [
-    (2, "0:2:0:6:kill"),
-    # rank 0 lost, and then the first replacement too, while it takes the
-    # state: the world re-forms again and starts another
-    (0, "0:0:0:3:kill,0:3:0:0:joiner-at-start"),
+@pytest.mark.parametrize("ranks,lost,fault,joiners", [
+    (3, 2, "0:2:0:6:kill", ["3"]),
+    # as many ranks as this machine has cores, bound a core each
+    (2, 1, "0:1:0:6:kill", ["2"]),
+    # rank 0 lost, and then the first replacement too, right after its
+    # hvd.init(): the world re-forms again and starts another
+    (3, 0, "0:0:0:3:kill,0:3:0:0:joiner-at-start", ["4"]),
+    # the first replacement lost while it takes the state from rank 0
+    (3, 2, "0:2:0:6:kill,0:3:0:0:joiner-in-sync", ["4"]),
+    # a survivor lost while the state goes to the replacement: the world of
+    # rank 0 and the replacement re-forms and starts another
+    (3, 2, "0:2:0:6:kill,0:1:0:2:in-sync", ["3", "4"]),
 ])
-def test_a_replacement_joins_in_place(lost, fault, job_env, tmp_path):
+def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, job_env, tmp_path):
     """--elastic-in-place without --no-replace: the survivors start a
     replacement for the lost rank, go on training while it starts, and
     take it in at a commit; the world ends as big as it began, every rank
     with the same parameters, and nothing was launched again."""
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT], job_env,
+        ["-np", str(ranks), "--min-np", str(ranks - 1), "--elastic-in-place", sys.executable,
+         SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
                    "HORA_TEST_STEP_SLEEP": "0.3",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
     assert f"horarun: rank {lost} on host" in output, output
-    assert "horarun: replacement process 3 started" in output, output
-    assert "replacement process(es) joined; 3 ranks go on in place" in output, output
+    assert f"horarun: replacement process {ranks} started" in output, output
+    assert f"replacement process(es) joined; {ranks} ranks go on in place" in output, output
     assert "elastic reset" not in output, output  # nothing was launched again
-    results = _params(prefix, 3)
+    results = _params(prefix, ranks)
     _assert_same(results[1:], results)
-    assert all(r["size"] == 3 for r in results)
-    joiners = [r["joiner"] for r in results if r["joiner"] is not None]
-    if "joiner-at-start" in fault:
-        assert "horarun: rank 3 on host" in output, output  # the first replacement
+    assert all(r["size"] == ranks for r in results)
+    assert [r["joiner"] for r in results if r["joiner"] is not None] == joiners, output
+    if joiners != [str(ranks)]:  # a second loss during the first replacement's joining
+        lost_second = "3" if joiners == ["4"] else "1"
+        assert f"horarun: rank {lost_second} on host" in output, output
         assert "horarun: replacement process 4 started" in output, output
-        assert joiners == ["4"], output
-    else:
-        assert joiners == ["3"], output
     # the replacement took the state after the survivors' reset callbacks
     assert len({r["resets"] for r in results}) == 1, [r["resets"] for r in results]
 
@@ -242,6 +248,36 @@ def test_discovery_grows_and_shrinks_the_world_at_a_commit(first, later, ranks_a
     results = _params(prefix, ranks_after)
     assert all(result["size"] == ranks_after and result["resets"] == 1 for result in results)
     _assert_same(results[1:], results[:1])
+
+
+def test_discovery_grows_the_world_in_place(job_env, tmp_path):
+    """--elastic-in-place: more slots found start a new process, which joins
+    the running world at a commit; nothing is launched again and every
+    rank ends with the same parameters."""
+    script, hosts = _discovery(tmp_path, "localhost:2\n")
+    prefix = str(tmp_path / "out")
+    job = _start(["-np", "2", "--min-np", "1", "--max-np", "3", "--elastic-in-place",
+                  "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
+                  "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    lines = []
+    for line in job.stdout:  # once training runs, a slot is added
+        lines.append(line)
+        if "world of" in line:
+            hosts.write_text("localhost:3\n")
+            break
+    code, rest = _finish(job)
+    output = "".join(lines) + rest
+    assert code == 0, output
+    assert ("horarun: more slots found (localhost:3); 1 new process(es) join the world in "
+            "place at a commit") in output, output
+    assert "horarun: replacement process 2 started" in output, output
+    assert "replacement process(es) joined; 3 ranks go on in place" in output, output
+    assert "elastic reset" not in output and "world 2:" not in output, output
+    results = _params(prefix, 3)
+    assert all(r["size"] == 3 for r in results)
+    assert [r["joiner"] for r in results] == [None, None, "2"]
+    _assert_same(results[1:], results)
 
 
 @pytest.mark.parametrize("framework", ["pytorch", "keras"])

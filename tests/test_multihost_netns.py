@@ -139,14 +139,12 @@ def test_dead_rank_on_a_remote_host_is_named(fake_hosts):
     assert time.monotonic() - began < 30
 
 
-def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
-    """Every process of host ns-b (its rank and mpirun's daemon) is SIGKILLed
-    and ns-b leaves the discovery script's list: the job goes on with the
-    rank on ns-a from its last commit; ns-b listed again, the world grows
-    back to two ranks at a commit."""
-    pytest.importorskip("torch")
+def _elastic_job(fake_hosts, tmp_path, hosts, np, options, changes):
+    """An elastic horarun job of tests/elastic/train_elastic.py over the
+    fake hosts, with a discovery script listing ``hosts``; ``changes(line,
+    hosts_file)`` sees each line of its output as it comes. Its output."""
     hosts_file = tmp_path / "hosts"
-    hosts_file.write_text("ns-a:1\nns-b:1\n")
+    hosts_file.write_text(hosts)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     discover.chmod(0o755)
@@ -154,30 +152,18 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HORA_TEST_"))}
     env.update(HORA_TEST_STEP_SLEEP="0.15", HORA_TEST_OUT=str(tmp_path / "out"),
                HORA_ELASTIC_STATE_DIR=str(tmp_path / "state"))
-    cmd = [sys.executable, "-m", "hora.runner", "-np", "2", "--min-np", "1", "--max-np", "2",
-           "--host-discovery-script", str(discover),
+    cmd = [sys.executable, "-m", "hora.runner", "-np", str(np), "--min-np", "1", "--max-np", "2",
+           *options, "--host-discovery-script", str(discover),
            "--supervisor-address", f"{fake_hosts.subnet}.254",
            "--mpi-args", fake_hosts.mpi_args(), sys.executable,
            str(ROOT / "elastic" / "train_elastic.py")]
     job = subprocess.Popen(cmd, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
-    lines, worlds = [], 0
+    lines = []
     try:
         for line in job.stdout:
             lines.append(line)
-            if "world of 2 from" in line and worlds == 0:
-                worlds = 1
-                hosts_file.write_text("ns-a:1\n")
-                pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
-                                      capture_output=True, text=True).stdout.split()
-                for pid in pids:
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            elif "world of 1 from" in line and worlds == 1:
-                worlds = 2
-                hosts_file.write_text("ns-a:1\nns-b:1\n")
+            changes(line, hosts_file)
         job.wait(timeout=JOB_TIMEOUT_SECONDS)
     finally:
         if job.poll() is None:
@@ -186,15 +172,70 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
             fake_hosts.kill_processes()
     output = "".join(lines)
     assert job.returncode == 0, output[-20000:]
+    return output
+
+
+def _same_parameters(tmp_path, ranks):
+    import torch
+    results = [torch.load(tmp_path / f"out.rank{r}.pt") for r in range(ranks)]
+    assert all(result["size"] == ranks for result in results)
+    for result in results[1:]:
+        for got, want in zip(result["params"], results[0]["params"]):
+            assert torch.equal(got, want)
+    return results
+
+
+def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
+    """Every process of host ns-b (its rank and mpirun's daemon) is SIGKILLed
+    and ns-b leaves the discovery script's list: the job goes on with the
+    rank on ns-a from its last commit; ns-b listed again, the world grows
+    back to two ranks at a commit."""
+    pytest.importorskip("torch")
+    worlds = 0
+
+    def changes(line, hosts_file):
+        nonlocal worlds
+        if "world of 2 from" in line and worlds == 0:
+            worlds = 1
+            hosts_file.write_text("ns-a:1\n")
+            pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
+                                  capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        elif "world of 1 from" in line and worlds == 1:
+            worlds = 2
+            hosts_file.write_text("ns-a:1\nns-b:1\n")
+
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\nns-b:1\n", 2, [], changes)
     assert worlds == 2, output[-20000:]
     assert "horarun: world 2: 1 rank(s) on ns-a:1" in output, output[-20000:]
     assert "horarun: more slots found (ns-a:1, ns-b:1)" in output, output[-20000:]
     assert "horarun: world 3: 2 rank(s) on ns-a:1, ns-b:1" in output, output[-20000:]
-    import torch
-    results = [torch.load(tmp_path / f"out.rank{r}.pt") for r in range(2)]
-    assert all(result["size"] == 2 and result["resets"] == 2 for result in results)
-    for got, want in zip(results[1]["params"], results[0]["params"]):
-        assert torch.equal(got, want)
+    results = _same_parameters(tmp_path, 2)
+    assert all(result["resets"] == 2 for result in results)
+
+
+def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path):
+    """--elastic-in-place: the job trains on ns-a alone; discovery lists
+    ns-b too; a process starts there (mpirun adds the host to the job) and
+    joins the running world at a commit, nothing launched again."""
+    pytest.importorskip("torch")
+
+    def changes(line, hosts_file):
+        if "world of 1 from" in line:
+            hosts_file.write_text("ns-a:1\nns-b:1\n")
+
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, ["--elastic-in-place"], changes)
+    assert ("horarun: more slots found (ns-a:1, ns-b:1); 1 new process(es) join the world in "
+            "place at a commit") in output, output[-20000:]
+    assert "horarun: replacement process 1 started on host ns-b" in output, output[-20000:]
+    assert "replacement process(es) joined; 2 ranks go on in place" in output, output[-20000:]
+    assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
+    results = _same_parameters(tmp_path, 2)
+    assert [result["joiner"] for result in results] == [None, "1"]
 
 
 def test_multihost_bench_shapes_the_links_and_checks_every_result(tmp_path):

@@ -136,11 +136,13 @@ void RegisterRuntime(py::module_& m) {
   });
   m.def(
       "start_growth",
-      [](const std::vector<std::string>& argv, int count) {
-        Status status = runtime::StartGrowth(argv, count);
+      [](const std::vector<std::string>& argv, int count,
+         const std::vector<std::pair<std::string, std::string>>& info) {
+        Status status = runtime::StartGrowth(argv, count, info);
         if (!status.ok()) ThrowStatus(status);
       },
-      py::arg("argv"), py::arg("count"));
+      py::arg("argv"), py::arg("count"),
+      py::arg("info") = std::vector<std::pair<std::string, std::string>>());
   m.def("growth_state", [] {
     const char* names[] = {"none", "starting", "ready", "failed"};
     return std::string(names[static_cast<int>(runtime::Growth())]);

@@ -10,7 +10,11 @@ the training code), or "in-commit" (SIGKILL while its next commit is being
 written); "at-start" SIGKILLs it right after hvd.init(), while the world
 forms (epoch and batch ignored); "joiner-at-start" does that to the
 replacement process with id <rank> (an in-place world's replacements get
-ids from the launch's size on), while it takes the state. At the end every
+ids from the launch's size on) right after its hvd.init(), and
+"joiner-in-sync" while it takes the state (the model's parameters taken,
+the optimizer's not); "in-sync" SIGKILLs rank <rank> while it takes part in
+a state sync after <batch> reset callbacks (in place: 1 after a loss, 2
+after a replacement then joined), with the same split. At the end every
 rank saves its parameters (and whether it was a replacement) to
 HORA_TEST_OUT.rank<N>.pt.
 """
@@ -50,6 +54,24 @@ for when, rank, _, _, how in faults:
 
 def on_reset():
     state.resets += 1
+
+
+def die_in_sync(sync):
+    """The optimizer's part of state.sync(), which SIGKILLs this process
+    instead when a fault says so (the model's part went before)."""
+    def faulty_sync():
+        for when, rank, _, resets, how in faults:
+            if how == "joiner-in-sync" and rank == JOINER_ID:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if (how == "in-sync" and when in ("*", launch) and JOINER_ID is None
+                    and int(rank) == START_RANK and int(resets) == state.resets):
+                os.kill(os.getpid(), signal.SIGKILL)
+        sync()
+    return faulty_sync
+
+
+optimizer_state = state._handlers["optimizer"]
+optimizer_state.sync = die_in_sync(optimizer_state.sync)
 
 
 state.register_reset_callbacks([on_reset])

@@ -543,3 +543,17 @@ def test_recovery_in_place_needs_open_mpi_5(tmp_path, version, flavour, capable)
     fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{version}\nEOF\n")
     fake.chmod(0o755)
     assert mpi_command.ulfm_capable(str(fake), flavour) is capable
+
+
+@pytest.mark.parametrize("num_proc,local,max_np,cores,yields", [
+    (2, True, 3, 2, True),      # may grow past the cores the ranks are bound to
+    (2, True, None, 2, True),   # discovery without --max-np
+    (2, True, 2, 2, False),     # replacements only: never more than the launch
+    (3, True, 4, 2, False),     # oversubscribed: Open MPI yields by itself
+    (2, False, 4, 2, False),    # new hosts bring their own cores
+])
+def test_in_place_jobs_yield_when_they_may_outgrow_the_cores(num_proc, local, max_np, cores,
+                                                            yields):
+    args = mpi_command.in_place_mpi_args(num_proc, local, max_np, cores)
+    assert args[:2] == ["--with-ft", "ulfm"]
+    assert (args[2:] == ["--mca", "mpi_yield_when_idle", "1"]) == yields

@@ -164,6 +164,60 @@ def test_notifier_tells_a_rank_that_connects_after_the_change():
         notifier.close()
 
 
+def test_a_growth_names_the_new_processes_places_and_the_new_hosts():
+    world = [Host("node1", 2)]
+    grown = [Host("node1", 3), Host("node2", 2)]
+    assert elastic._growth(world, grown, {"node1"}) == (5, ["node1:1", "node2:2"], ["node2"])
+    # on this machine alone mpirun places them itself
+    assert elastic._growth([Host("localhost", 2)], [Host("localhost", 3)], {"localhost"}) == (
+        3, [], [])
+
+
+def test_a_growth_message_reads_back_as_it_was_sent():
+    from hora.common.elastic.notifications import growth_line, parse_growth
+    fields = growth_line(12.5, 5, ["node1:1", "node2:2"], ["node2"]).split()
+    assert fields[:2] == ["hosts-updated", "12.500000"]
+    assert parse_growth(fields[2:]) == {"grow": 5, "place": ["node1:1", "node2:2"],
+                                        "add": ["node2"]}
+    assert parse_growth(growth_line(1.0, 3, [], []).split()[2:]) == {
+        "grow": 3, "place": [], "add": []}
+    assert parse_growth([]) is None  # a plain change: a new world
+
+
+def _state_seeing(messages, expand):
+    from hora.common.elastic.state import ObjectState
+    state = ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0, epoch=0)
+    state._growth_expand = expand
+    for timestamp, update in messages:
+        state.on_hosts_updated(timestamp, update)
+    return state
+
+
+def test_growths_in_place_start_processes_without_an_interrupt():
+    grown = []
+    state = _state_seeing([(1.0, {"grow": 3, "place": ["a:1"], "add": []}),
+                           (2.0, {"grow": 4, "place": ["b:1"], "add": ["b"]})], grown.append)
+    state.check_host_updates()
+    assert grown == [{"grow": 4, "place": ["a:1", "b:1"], "add": ["b"]}]
+    # heard again by a later rank 0: nothing new
+    for timestamp, update in [(1.0, {"grow": 3, "place": ["a:1"], "add": []})]:
+        state.on_hosts_updated(timestamp, update)
+    state.check_host_updates()
+    assert len(grown) == 1
+
+
+@pytest.mark.parametrize("messages,expand", [
+    ([(1.0, None)], [].append),                                   # hosts gone
+    ([(1.0, {"grow": 3, "place": [], "add": []}), (2.0, None)], [].append),
+    ([(1.0, {"grow": 3, "place": [], "add": []})], None),        # not in place
+])
+def test_other_host_changes_interrupt_for_a_new_world(messages, expand):
+    from hora.common.exceptions import HostsUpdatedInterrupt
+    state = _state_seeing(messages, expand)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+
+
 def test_state_commit_survives_in_the_store(tmp_path):
     from hora.common.elastic.state import ObjectState
     from hora.common.elastic.store import CommitStore

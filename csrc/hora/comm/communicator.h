@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hora/common/dtype.h"
@@ -93,11 +94,15 @@ class Communicator {
     // are not needed); waits for the spawn to end first.
     virtual void Cancel() = 0;
   };
-  virtual Status StartSpawn(const std::vector<std::string>& argv, int count,
+  // `info`: the spawn's MPI_Info keys (Open MPI's "host" places the new
+  // processes, "add-host" first adds hosts the job did not start with).
+  using SpawnInfo = std::vector<std::pair<std::string, std::string>>;
+  virtual Status StartSpawn(const std::vector<std::string>& argv, int count, const SpawnInfo& info,
                             std::shared_ptr<Spawning>* out) {
     out->reset();
     (void)argv;
     (void)count;
+    (void)info;
     return Status::Internal(Describe() + " cannot start processes that join the world");
   }
   virtual Status Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) {

@@ -115,14 +115,15 @@ Status Reform(double* seconds) {
   return StartWorld(std::move(survivors), "hora.reform", began, seconds);
 }
 
-Status StartGrowth(const std::vector<std::string>& argv, int count) {
+Status StartGrowth(const std::vector<std::string>& argv, int count,
+                   const Communicator::SpawnInfo& info) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_engine) {
     return Status::InvalidArgument(
         "hora.start_growth: hora is not running; call hora.init() first");
   }
   if (g_spawning) return Status::InvalidArgument("hora.start_growth: a growth is under way");
-  return g_engine->communicator()->StartSpawn(argv, count, &g_spawning);
+  return g_engine->communicator()->StartSpawn(argv, count, info, &g_spawning);
 }
 
 GrowthState Growth() {

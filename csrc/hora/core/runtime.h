@@ -50,7 +50,8 @@ Status Reform(double* seconds);
 // the world of both (the new ones last) and starts a new engine over it;
 // when a new process was lost on the way it fails alike everywhere and
 // the old engine goes on. A Reform abandons a growth under way.
-Status StartGrowth(const std::vector<std::string>& argv, int count);
+Status StartGrowth(const std::vector<std::string>& argv, int count,
+                   const Communicator::SpawnInfo& info);
 enum class GrowthState { kNone, kStarting, kReady, kFailed };
 GrowthState Growth();
 Status Grow(double* seconds);

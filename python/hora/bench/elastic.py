@@ -11,7 +11,11 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     (``--elastic-in-place``, 3 ranks, steps slowed to 30 ms so that the job
     outlasts the replacement's start): the time from the replacement
     process's start to its first step in the world, and the survivors'
-    pause (from the commit at which it joins to their next step).
+    pause (from the commit at which it joins to their next step). Grown
+    (``grow``: ``--elastic-in-place`` with a discovery script, 2 ranks, 30 ms
+    steps): at a fixed step rank 0 adds a slot to the script's list; the
+    time from then to the new process's first step in the world, from its
+    start to that step, and the ranks' pause.
 churn (``--churn``): a 3-rank job (50 ms steps) trains for ``--churn-seconds``
     while the bench SIGKILLs one of its training processes (any, rank 0
     included) every ``--kill-every`` seconds; reported is the training that
@@ -49,8 +53,8 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
-    parser.add_argument("--modes", default="relaunch,in-place,replace",
-                        help="recovery: relaunch, in-place and/or replace (default all)")
+    parser.add_argument("--modes", default="relaunch,in-place,replace,grow",
+                        help="recovery: relaunch, in-place, replace and/or grow (default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--churn", action="store_true",
@@ -70,9 +74,19 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
                HORA_BENCH_KILL_STEP="30")
     extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
-             "replace": ["--elastic-in-place"]}[mode]
-    if mode == "replace":
+             "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"]}[mode]
+    if mode in ("replace", "grow"):
         env.update(HORA_BENCH_STEPS="300", HORA_BENCH_STEP_SLEEP="0.03")
+    if mode == "grow":
+        hosts = os.path.join(folder, "hosts")
+        with open(hosts, "w") as f:
+            f.write(f"localhost:{ranks}\n")
+        script = os.path.join(folder, "discover.sh")
+        with open(script, "w") as f:
+            f.write(f"#!/bin/sh\ncat {hosts}\n")
+        os.chmod(script, 0o755)
+        env["HORA_BENCH_GROW_FILE"] = hosts
+        extra += ["--max-np", str(ranks + 1), "--host-discovery-script", script]
     done = subprocess.run(
         [sys.executable, "-m", "hora.runner", "-np", str(ranks), "--min-np", str(ranks - 1 if
                                                                                 in_place else
@@ -82,16 +96,50 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     output = done.stdout + done.stderr
     if done.returncode != 0:
         raise RuntimeError(f"the recovery job failed:\n{output[-4000:]}")
-    if in_place and "go on in place" not in output:
-        raise RuntimeError(f"the survivors did not go on in place:\n{output[-4000:]}")
+    went_on = "joined; " if mode == "grow" else "go on in place"
+    if in_place and went_on not in output:
+        raise RuntimeError(f"the ranks did not go on in place:\n{output[-4000:]}")
     events = {m.group(1): float(m.group(2))
               for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
-    needed = ["killed", "first_step"] + (["reset"] if in_place else ["initialized", "restored"])
-    if mode == "replace":
+    needed = ({"relaunch": ["killed", "first_step", "initialized", "restored"],
+               "grow": ["slots_added"]}.get(mode, ["killed", "first_step", "reset"]))
+    if mode in ("replace", "grow"):
         needed += ["joiner_started", "joiner_first_step", "grow_commit", "grown_first_step"]
     if any(name not in events for name in needed):
         raise RuntimeError(f"the recovery job did not report its events:\n{output[-4000:]}")
     return events
+
+
+def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, Any]:
+    row: dict[str, Any] = {"mode": mode, "ranks": ranks}
+    if mode == "grow":
+        added = events["joiner_first_step"] - events["slots_added"]
+        row["slot_to_first_step_s"] = added
+        summary = f"{added:.2f} s from the slot's appearance to the new process's first step"
+    else:
+        row["kill_to_first_step_s"] = events["first_step"] - events["killed"]
+        summary = f"{row['kill_to_first_step_s']:.3f} s from SIGKILL to the first step after it"
+    if mode in ("in-place", "replace"):
+        settle = events["reset"] - events["killed"]
+        redone = events["first_step"] - events["reset"]
+        row.update(kill_to_reset_s=settle, redone_step_s=redone)
+        split = (f"{settle * 1e3:.0f} ms to detect and re-form, "
+                 f"{redone * 1e3:.0f} ms to sync and redo the step")
+    elif mode == "relaunch":
+        init = events["initialized"] - events["killed"]
+        restore = events["restored"] - events["initialized"]
+        row.update(kill_to_init_s=init, restore_s=restore)
+        split = f"{init:.2f} s to hora.init(), {restore:.2f} s restoring"
+    if mode in ("replace", "grow"):
+        joined = events["joiner_first_step"] - events["joiner_started"]
+        pause = events["grown_first_step"] - events["grow_commit"]
+        row.update(replacement_start_to_step_s=joined, survivors_pause_s=pause)
+        new = "replacement" if mode == "replace" else "new process"
+        part = (f"the {new}'s first step {joined:.2f} s after its start, the ranks paused "
+                f"{pause * 1e3:.0f} ms (a step: 30 ms of sleep and ~1 ms of work)")
+        split = f"{split}; {part}" if mode == "replace" else part
+    row["summary"] = f"{summary} ({split})"
+    return row
 
 
 def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[dict]:
@@ -101,30 +149,9 @@ def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[d
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
                     events = _recovery_job(ranks, mode, folder)
-                row: dict[str, float | int | str] = {
-                    "mode": mode, "ranks": ranks,
-                    "kill_to_first_step_s": events["first_step"] - events["killed"]}
-                if mode != "relaunch":
-                    settle = events["reset"] - events["killed"]
-                    redone = events["first_step"] - events["reset"]
-                    row.update(kill_to_reset_s=settle, redone_step_s=redone)
-                    split = (f"{settle * 1e3:.0f} ms to detect and re-form, "
-                             f"{redone * 1e3:.0f} ms to sync and redo the step")
-                else:
-                    init = events["initialized"] - events["killed"]
-                    restore = events["restored"] - events["initialized"]
-                    row.update(kill_to_init_s=init, restore_s=restore)
-                    split = f"{init:.2f} s to hora.init(), {restore:.2f} s restoring"
-                if mode == "replace":
-                    joined = events["joiner_first_step"] - events["joiner_started"]
-                    pause = events["grown_first_step"] - events["grow_commit"]
-                    row.update(replacement_start_to_step_s=joined, survivors_pause_s=pause)
-                    split += (f"; the replacement's first step {joined:.2f} s after its start, "
-                              f"the survivors paused {pause * 1e3:.0f} ms (a step: 30 ms "
-                              f"of sleep and ~1 ms of work)")
+                row = _recovery_row(mode, ranks, events)
                 rows.append(row)
-                print(f"  {mode}, {ranks} ranks: {row['kill_to_first_step_s']:.3f} s from "
-                      f"SIGKILL to the first step after it ({split})", flush=True)
+                print(f"  {mode}, {ranks} ranks: {row['summary']}", flush=True)
     return rows
 
 
@@ -246,14 +273,15 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     results = {"benchmark": "elastic"}
     if not args.skip_recovery:
-        print("# elastic recovery: the last rank SIGKILLed at step 30", flush=True)
+        print("# elastic recovery: the last rank SIGKILLed at step 30 (grow: a slot added "
+              "then)", flush=True)
         modes = [m for m in args.modes.split(",") if m]
         results["recovery"] = measure_recovery(args.repeats, modes,
                                                [int(r) for r in args.ranks.split(",")])
         for mode in modes:
             for ranks in sorted({r["ranks"] for r in results["recovery"] if r["mode"] == mode}):
-                median = statistics.median(r["kill_to_first_step_s"]
-                                           for r in results["recovery"]
+                key = "slot_to_first_step_s" if mode == "grow" else "kill_to_first_step_s"
+                median = statistics.median(r[key] for r in results["recovery"]
                                            if r["mode"] == mode and r["ranks"] == ranks)
                 print(f"  median, {mode}, {ranks} ranks: {median:.3f} s", flush=True)
     if args.churn:

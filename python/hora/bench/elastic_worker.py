@@ -6,7 +6,10 @@ callback ran (the world re-formed) and their first step after it; with a
 replacement, the replacement reports its start and its first step, and
 the survivors the commit at which it joined and their first step after;
 relaunched, rank 0 of the next world reports init, restore and its first
-step. HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains.
+step. With HORA_BENCH_GROW_FILE (a discovery script's hosts file) nothing
+is killed: at that step rank 0 writes one more slot into the file and
+reports it, and the new process and the ranks report as for a replacement.
+HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains.
 
 Under churn (HORA_BENCH_DEADLINE, a time; the bench kills ranks itself,
 HORA_BENCH_KILL_STEP is then ignored) it trains until the deadline and
@@ -42,6 +45,9 @@ kill_step = int(os.environ.get("HORA_BENCH_KILL_STEP", "30"))
 steps = int(os.environ.get("HORA_BENCH_STEPS", str(2 * kill_step)))
 step_sleep = float(os.environ.get("HORA_BENCH_STEP_SLEEP", "0"))
 deadline = float(os.environ.get("HORA_BENCH_DEADLINE", "0"))
+grow_file = os.environ.get("HORA_BENCH_GROW_FILE")
+# the reset that a new process joining brings (after the kill's, if any)
+JOIN_RESET = 1 if grow_file else 2
 BATCH = 32
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
@@ -54,10 +60,10 @@ last_commit = [0.0]
 def on_reset():
     resets[0] += 1
     if launch == 0 and hvd.rank() == 0:
-        if resets[0] == 1:
-            event("reset")
-        elif resets[0] == 2:  # the replacement joined at the last commit
+        if resets[0] == JOIN_RESET:  # the new process joined at the last commit
             event("grow_commit", last_commit[0])
+        elif resets[0] == 1:
+            event("reset")
 
 
 state.register_reset_callbacks([on_reset])
@@ -73,9 +79,14 @@ def train(state):
         if deadline and hvd.broadcast_object(time.time() > deadline, name="bench.deadline"):
             break
         if (not deadline and launch == 0 and resets[0] == 0 and not joiner
-                and hvd.rank() == victim and state.step == kill_step):
-            event("killed")
-            os.kill(os.getpid(), signal.SIGKILL)
+                and state.step == kill_step):
+            if grow_file and hvd.rank() == 0:
+                with open(grow_file, "w") as hosts:
+                    hosts.write(f"localhost:{hvd.size() + 1}\n")
+                event("slots_added")
+            elif not grow_file and hvd.rank() == victim:
+                event("killed")
+                os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(step_sleep)
         x = torch.randn(BATCH, 64)
         optimizer.zero_grad()
@@ -83,7 +94,7 @@ def train(state):
         optimizer.step()
         if first and recovering and (hvd.rank() == 0 or joiner):
             name = "joiner_first_step" if joiner else (
-                "grown_first_step" if resets[0] == 2 else "first_step")
+                "grown_first_step" if resets[0] == JOIN_RESET else "first_step")
             event(name)
         first = False
         state.step += 1

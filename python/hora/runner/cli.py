@@ -15,7 +15,7 @@ from hora.runner import check_build, elastic, hosts, supervise
 from hora.runner.mpi_command import (
     OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, describe_version,
     find_mpirun, forwarded_env_names, pypi_mpirun, query_flavour, query_version_text,
-    ulfm_capable, usable_cores)
+    in_place_mpi_args, ulfm_capable, usable_cores)
 
 DEFAULT_START_TIMEOUT_S = 60.0
 _LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "off")
@@ -376,8 +376,10 @@ def main(argv=None):
                     f.write(hosts.machinefile_text(host_list))
             job_env = dict(env, **extra_env)
             in_place = extra_env.get("HORA_ELASTIC_IN_PLACE") == "1"
-            # ULFM, for the survivors of a lost rank to go on in place
-            mpi_args = ["--with-ft", "ulfm", *args.mpi_args] if in_place else args.mpi_args
+            mpi_args = args.mpi_args
+            if in_place:
+                mpi_args = [*in_place_mpi_args(num_proc, host_list is None,
+                                               args.elastic.max_np, usable_cores()), *mpi_args]
             spec = LaunchSpec(num_proc=num_proc, hosts=host_list, cores=usable_cores(),
                               env_names=sorted(set(names) | set(extra_env)),
                               binding_args=args.binding_args, mpi_args=mpi_args,

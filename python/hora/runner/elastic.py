@@ -3,12 +3,14 @@ hosts change, launches it again on what is there, up to ``--reset-limit``
 times. The ranks resume from their last ``commit()``
 (:mod:`hora.common.elastic`).
 
-Why relaunch rather than shrink in place: MPI has no portable way to take a
-rank into, or drop one from, a running job (ULFM is Open MPI only, and its
-shrink leaves the job without the lost rank's host for good), while every
-MPI launches a new job in well under a second. What survives the relaunch
-is the committed state, which each host keeps on local disk, so even the
-loss of every process loses at most the steps since the last commit.
+Why relaunch by default: MPI has no portable way to take a rank into, or
+drop one from, a running job (ULFM is Open MPI only), while every MPI
+launches a new job in a second or two. What survives the relaunch is the
+committed state, which each host keeps on local disk, so even the loss of
+every process loses at most the steps since the last commit. With
+``--elastic-in-place`` (Open MPI 5) the ranks re-form and grow their world
+themselves (:mod:`hora.common.elastic.run`); horarun then tells rank 0 of
+new slots as growths, and relaunches only what cannot be done in place.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 import time
 from typing import Callable
 
+from hora.common.elastic.notifications import growth_line
 from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
 from hora.runner.supervise import Outcome
@@ -174,8 +177,13 @@ class Notifier:
                     except OSError:
                         self._clients.remove(client)
 
-    def notify(self) -> None:
-        line = f"hosts-updated {time.time():.6f}\n".encode()
+    def notify(self, growth: tuple[int, list[str], list[str]] | None = None) -> None:
+        """The hosts changed: the world must be formed again, or, given
+        ``growth`` (size, place, add: see hora.common.elastic.notifications),
+        it may grow in place."""
+        now = time.time()
+        text = growth_line(now, *growth) if growth else f"hosts-updated {now:.6f}\n"
+        line = text.encode()
         with self._lock:
             self._sent += line
             for client in list(self._clients):
@@ -208,6 +216,21 @@ def _world(found: list[hostlib.Host], num_proc: int) -> list[hostlib.Host]:
     return world
 
 
+def _growth(world: list[hostlib.Host], grown: list[hostlib.Host],
+            known: set[str]) -> tuple[int, list[str], list[str]]:
+    """What rank 0 is told when ``world`` becomes ``grown`` in place: the
+    size, where the new processes go (none for a job on this machine, whose
+    processes MPI places itself) and the hosts new to the job."""
+    size = hostlib.total_slots(grown)
+    if all(h.name in LOCAL_NAMES for h in grown):
+        return size, [], []
+    before = {h.name: h.slots for h in world}
+    place = [f"{h.name}:{h.slots - before.get(h.name, 0)}" for h in grown
+             if h.slots > before.get(h.name, 0)]
+    add = [h.name for h in grown if h.name not in known]
+    return size, place, add
+
+
 def _describe(world: list[hostlib.Host]) -> str:
     return ", ".join(f"{h.name}:{h.slots}" for h in world)
 
@@ -215,7 +238,8 @@ def _describe(world: list[hostlib.Host]) -> str:
 class _Watcher:
     """While a job runs: runs discovery and notifies rank 0 once when the
     usable hosts would make a different world (more ranks, or a host of the
-    job gone)."""
+    job gone). In place, more slots on the same or new hosts are reported
+    as a growth, each time they are found, and the watch goes on."""
 
     def __init__(self, discovery, blacklist, options, world, notifier, log):
         self._stop = threading.Event()
@@ -240,6 +264,14 @@ class _Watcher:
             usable = blacklist.usable(found)
             gone = names - {h.name for h in usable}
             capacity = _capacity(usable, options.max_np)
+            if options.in_place and not gone and capacity > size:
+                grown = _world(usable, capacity)
+                notifier.notify(_growth(world, grown, names))
+                log(f"horarun: more slots found ({_describe(usable)}); {capacity - size} new "
+                    f"process(es) join the world in place at a commit")
+                world, size = grown, capacity
+                names = {h.name for h in world}
+                continue
             if gone or capacity != size:
                 self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone
                                 else f"{'more' if capacity > size else 'fewer'} slots found "

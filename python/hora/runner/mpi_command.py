@@ -153,6 +153,19 @@ def ulfm_capable(mpirun, flavour):
     return found is not None and int(found.group(1)) >= 5
 
 
+def in_place_mpi_args(num_proc, local, max_np, cores):
+    """Open MPI's arguments for an elastic job that recovers in place: ULFM,
+    for the survivors of a lost rank to go on; and, where the world may
+    grow in place past this machine's cores (``max_np`` None: as far as
+    discovery finds slots), yielding when idle: ranks busy-polling inside
+    MPI would starve the new processes (Open MPI yields by itself only when
+    the launch is oversubscribed; here a join took 180 ms instead of 55)."""
+    args = ["--with-ft", "ulfm"]
+    if local and (max_np or num_proc + 1) > cores >= num_proc:
+        args += ["--mca", "mpi_yield_when_idle", "1"]
+    return args
+
+
 def usable_cores():
     """Cores this process may run on, which can be fewer than the machine has."""
     try:

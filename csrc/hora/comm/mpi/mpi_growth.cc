@@ -183,27 +183,43 @@ class MpiSpawning : public Communicator::Spawning {
         thread_.detach();
     }
   }
-  void Run(std::vector<std::string> argv) {
-    thread_ = std::thread([state = state_, argv = std::move(argv), count = count_] {
-      std::vector<char*> args;
-      for (size_t i = 1; i < argv.size(); ++i) args.push_back(const_cast<char*>(argv[i].c_str()));
-      args.push_back(nullptr);
-      std::vector<int> codes(static_cast<size_t>(count), MPI_SUCCESS);
-      MPI_Comm joiners = MPI_COMM_NULL;
-      Status status = MpiStatus(MPI_Comm_spawn(argv[0].c_str(), args.data(), count, MPI_INFO_NULL,
-                                               0, state->over->comm, &joiners, codes.data()),
-                                "MPI_Comm_spawn");
-      for (int code : codes) {
-        if (status.ok() && code != MPI_SUCCESS) status = MpiStatus(code, "a spawned process");
-      }
-      if (joiners != MPI_COMM_NULL) MPI_Comm_set_errhandler(joiners, MPI_ERRORS_RETURN);
-      if (status.ok()) status = Welcome(state->over->comm, joiners, state->hostname, state->cancel);
-      std::lock_guard<std::mutex> lock(state->mutex);
-      state->status = status;
-      state->joiners = joiners;
-      if (state->abandoned) Dismiss(state.get());
-      state->finished = true;
-    });
+  void Run(std::vector<std::string> argv, Communicator::SpawnInfo info) {
+    thread_ = std::thread(
+        [state = state_, argv = std::move(argv), info = std::move(info), count = count_] {
+          std::vector<char*> args;
+          for (size_t i = 1; i < argv.size(); ++i)
+            args.push_back(const_cast<char*>(argv[i].c_str()));
+          args.push_back(nullptr);
+          std::vector<int> codes(static_cast<size_t>(count), MPI_SUCCESS);
+          MPI_Comm joiners = MPI_COMM_NULL;
+          MPI_Info keys = MPI_INFO_NULL;
+          Status status;
+          if (!info.empty()) {
+            status = MpiStatus(MPI_Info_create(&keys), "MPI_Info_create");
+            for (const auto& [key, value] : info) {
+              if (status.ok()) {
+                status = MpiStatus(MPI_Info_set(keys, key.c_str(), value.c_str()), "MPI_Info_set");
+              }
+            }
+          }
+          if (status.ok()) {
+            status = MpiStatus(MPI_Comm_spawn(argv[0].c_str(), args.data(), count, keys, 0,
+                                              state->over->comm, &joiners, codes.data()),
+                               "MPI_Comm_spawn");
+          }
+          if (keys != MPI_INFO_NULL) MPI_Info_free(&keys);
+          for (int code : codes) {
+            if (status.ok() && code != MPI_SUCCESS) status = MpiStatus(code, "a spawned process");
+          }
+          if (joiners != MPI_COMM_NULL) MPI_Comm_set_errhandler(joiners, MPI_ERRORS_RETURN);
+          if (status.ok())
+            status = Welcome(state->over->comm, joiners, state->hostname, state->cancel);
+          std::lock_guard<std::mutex> lock(state->mutex);
+          state->status = status;
+          state->joiners = joiners;
+          if (state->abandoned) Dismiss(state.get());
+          state->finished = true;
+        });
   }
   int count() const override { return count_; }
   bool Finished() const override { return state_->finished; }
@@ -282,7 +298,7 @@ Status MpiCommunicator::Join(const std::string& hostname, std::unique_ptr<MpiCom
 }
 
 Status MpiCommunicator::StartSpawn(const std::vector<std::string>& argv, int count,
-                                   std::shared_ptr<Spawning>* out) {
+                                   const SpawnInfo& info, std::shared_ptr<Spawning>* out) {
   out->reset();
   if (!spawn_comm_) return Status::Internal("only a job's world can start processes");
   if (argv.empty() || count <= 0) {
@@ -292,7 +308,7 @@ Status MpiCommunicator::StartSpawn(const std::vector<std::string>& argv, int cou
   state->over = spawn_comm_;
   state->hostname = hostname_override_;
   auto spawning = std::make_shared<MpiSpawning>(state, count);
-  spawning->Run(argv);
+  spawning->Run(argv, info);
   *out = std::move(spawning);
   return Status::OK();
 }

@@ -1,7 +1,11 @@
-"""Growing back in place (``horarun --elastic-in-place``): after a lost rank
+"""Growing in place (``horarun --elastic-in-place``): after a lost rank
 the survivors start replacement processes (MPI dynamic processes, through
 ``hora._C.start_growth``) and go on training while those start; once the
-replacements are up, the next ``commit()`` takes them in.
+replacements are up, the next ``commit()`` takes them in. New slots that
+host discovery finds are filled the same way: horarun reports them to
+rank 0, the next ``commit()`` starts the processes (on the hosts horarun
+named, adding hosts the job did not start with to the MPI job), and a
+later one takes them in.
 
 A replacement runs the command the ranks were launched with, under
 horarun's rank wrapper, with the environment of the survivor that started
@@ -55,9 +59,14 @@ class Growth:
                         and env.get("HORA_ELASTIC_REPLACE", "1") != "0")
         launch = env.get("HORA_RANK_EXEC")
         self.launch: dict[str, Any] | None = json.loads(launch) if launch else None
-        # the world size to come back to: the launch's (a replacement is
-        # told the same)
+        # the world size to come back to: the launch's, or what host
+        # discovery found since (a replacement is told the same)
         self.target = int(env.get("HORA_SIZE", "0") or 0)
+        # where the processes of a growth horarun reported go: host:count
+        # entries, and hosts to add to the MPI job first (empty: where MPI
+        # places them, as for replacements)
+        self.place: list[str] = []
+        self.add: list[str] = []
         # the id the next replacement gets (made the same on every rank when
         # a world grows)
         self.next_id = self.target
@@ -66,13 +75,49 @@ class Growth:
         # a replacement that has not yet taken the state
         self.joining = "HORA_ELASTIC_JOINER_ID" in env
 
+    def expand(self, update: dict[str, Any]) -> None:
+        """Collective, at a commit: horarun found more slots (``update`` from
+        :func:`hora.common.elastic.notifications.parse_growth`); starts the
+        processes that fill them."""
+        from hora.common.basics import rank
+        if update["grow"] <= self.target and not update["place"]:
+            return
+        self.target = max(self.target, update["grow"])
+        self.place += update["place"]
+        self.add += update["add"]
+        self.failures = 0
+        if rank() == 0:
+            print(f"hora.elastic: more slots found; the world grows to {self.target} ranks in "
+                  f"place", file=sys.stderr, flush=True)
+        self.replace_lost()
+
+    def _placed(self, missing: int) -> tuple[int, list[tuple[str, str]]]:
+        """How many of ``missing`` processes to start now, and the spawn's
+        MPI info (Open MPI's keys). They go where horarun said, all of
+        them, or where mpirun puts them (one spawn places all its processes
+        one way). Open MPI refuses to start one on a host whose slots the
+        launch filled with ranks bound a core each, so the new ones may
+        oversubscribe and are not bound (Horovod binds nothing either)."""
+        info = [("map_by", ":OVERSUBSCRIBE"), ("bind_to", "none")]
+        placed = sum(int(entry.rpartition(":")[2]) for entry in self.place)
+        if not placed:
+            return missing, info
+        info.append(("host", ",".join(self.place)))
+        if self.add:
+            info.append(("add-host", ",".join(self.add)))
+        return min(missing, placed), info
+
     def replace_lost(self) -> None:
-        """Collective: starts replacements up to the launch's world size (in
-        the background; the ranks go on training)."""
+        """Collective: starts processes up to the world size to come back to
+        (in the background; the ranks go on training). Nothing while some
+        are starting already: the commit that takes those in calls it
+        again."""
         from hora import _C
         from hora.common.basics import rank, size
         missing = self.target - size()
         if not self.enabled or missing <= 0 or self.failures >= _MAX_FAILURES:
+            return
+        if _C.growth_state() != "none":
             return
         if self.launch is None:
             if rank() == 0:
@@ -87,11 +132,13 @@ class Growth:
         env["HORA_ELASTIC_TARGET_SIZE"] = str(self.target)
         argv = [shutil.which("env") or "/usr/bin/env", *(f"{k}={v}" for k, v in env.items()),
                 self.launch["python"], "-m", "hora.runner.rank_exec", *self.launch["argv"]]
-        _C.start_growth(argv, missing)
-        self.next_id += missing
+        count, info = self._placed(missing)
+        _C.start_growth(argv, count, info)
+        self.next_id += count
         if rank() == 0:
-            print(f"hora.elastic: starting {missing} replacement process(es)", file=sys.stderr,
-                  flush=True)
+            where = "".join(f" on {value}" for key, value in info if key == "host")
+            print(f"hora.elastic: starting {count} replacement process(es){where}",
+                  file=sys.stderr, flush=True)
 
     @staticmethod
     def ready() -> str | None:
@@ -119,13 +166,15 @@ class Growth:
                       file=sys.stderr, flush=True)
             return None
         self.failures = 0
+        self.place, self.add = [], []  # placed, and the hosts are the job's now
         world_formed()
         return seconds
 
     def share(self, state: Any) -> None:
-        """Collective, right after a world grew: the ids and the commit count
-        become rank 0's (a replacement knows neither)."""
+        """Collective, right after a world grew: the ids, the commit count
+        and the size to come back to become rank 0's (a replacement knows
+        none of them for sure)."""
         from hora.common.ops import broadcast_object
-        self.next_id, state._commits = broadcast_object(
-            (self.next_id, state._commits), root_rank=0, name="hora.elastic.grown")
+        self.next_id, state._commits, self.target = broadcast_object(
+            (self.next_id, state._commits, self.target), root_rank=0, name="hora.elastic.grown")
         self.joining = False

@@ -1,8 +1,16 @@
 """Rank 0's line to horarun: a background thread that turns horarun's
 "hosts changed" messages into ``state.on_hosts_updated`` calls.
 
-The messages are text lines ``hosts-updated <timestamp>`` on a TCP
-connection to the address horarun gives in ``HORA_ELASTIC_SUPERVISOR``.
+The messages are text lines on a TCP connection to the address horarun
+gives in ``HORA_ELASTIC_SUPERVISOR``: ``hosts-updated <timestamp>`` (the
+world must be formed again), or, for a job that grows in place,
+``hosts-updated <timestamp> grow <size> <place> <add>``: the world may grow
+to ``<size>`` ranks, the new processes going to ``<place>``
+(``host:count,...``) of which ``<add>`` (``host,...``) are hosts the job
+did not start with; ``-`` for none (a job on this machine only). A rank 0
+of a world formed later connects again and hears every message sent so
+far; ``State.check_host_updates`` acts only on those newer than the last
+it saw.
 """
 
 from __future__ import annotations
@@ -33,14 +41,31 @@ class HostUpdateListener:
             with socket.create_connection(self._address, timeout=10) as connection:
                 connection.settimeout(None)
                 for line in connection.makefile("r", encoding="utf-8"):
-                    kind, _, value = line.strip().partition(" ")
-                    if kind != "hosts-updated":
+                    fields = line.split()
+                    if len(fields) < 2 or fields[0] != "hosts-updated":
                         continue
+                    update = parse_growth(fields[2:])
                     with self._lock:
                         states = list(self._states)
                     for state in states:
-                        state.on_hosts_updated(float(value))
+                        state.on_hosts_updated(float(fields[1]), update)
         except (OSError, ValueError) as error:
             print(f"hora.elastic: lost the connection to horarun at {self._address[0]}:"
                   f"{self._address[1]} ({error}); host changes will not be noticed until the "
                   f"next reset", file=sys.stderr, flush=True)
+
+
+def parse_growth(fields: list[str]) -> dict[str, Any] | None:
+    """The growth a message's fields after the timestamp describe (``grow
+    <size> <place> <add>``), or None for a change that needs a new world."""
+    if len(fields) != 4 or fields[0] != "grow":
+        return None
+    place = [] if fields[2] == "-" else fields[2].split(",")
+    add = [] if fields[3] == "-" else fields[3].split(",")
+    return {"grow": int(fields[1]), "place": place, "add": add}
+
+
+def growth_line(timestamp: float, size: int, place: list[str], add: list[str]) -> str:
+    """The message that says the world may grow in place (see above)."""
+    return (f"hosts-updated {timestamp:.6f} grow {size} {','.join(place) or '-'} "
+            f"{','.join(add) or '-'}\n")

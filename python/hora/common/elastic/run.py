@@ -43,12 +43,25 @@ class _Job:
     """What horarun told this process about the elastic job."""
 
     def __init__(self, env: dict[str, str]):
-        from hora.common.basics import local_rank, rank
+        from hora.common.basics import local_rank
         directory = env.get("HORA_ELASTIC_STATE_DIR")
         # None: not supervised (not under an elastic horarun)
         self.store = CommitStore(directory, writer=local_rank() == 0) if directory else None
         self.restarts = int(env.get("HORA_ELASTIC_RESTARTS", "0") or 0)
-        self.supervisor = env.get("HORA_ELASTIC_SUPERVISOR") if rank() == 0 else None
+        # horarun's address for host changes (rank 0 listens)
+        self.supervisor = env.get("HORA_ELASTIC_SUPERVISOR")
+
+
+def _listen(state: Any, job: _Job) -> None:
+    """Rank 0 (of this world: one formed in place may have another) hears
+    horarun's host changes for ``state``."""
+    global _listener
+    from hora.common.basics import rank
+    if job.supervisor is None or rank() != 0:
+        return
+    if _listener is None:
+        _listener = HostUpdateListener(job.supervisor)
+    _listener.register(state)
 
 
 def _restore_newest(state: Any, store: CommitStore) -> bool:
@@ -156,6 +169,7 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     if rank() == 0:
         print(f"hora.elastic: replacement process(es) joined; {size()} ranks go on in place "
               f"(world re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+    growth.replace_lost()  # what a growth under way did not cover
 
 
 def _join(state: Any, store: CommitStore, growth: Growth) -> None:
@@ -181,12 +195,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorates ``func(state, ...)``, Horovod's ``hvd.elastic.run``."""
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        global _listener
         job = _Job(dict(os.environ))
-        if job.supervisor is not None:
-            if _listener is None:
-                _listener = HostUpdateListener(job.supervisor)
-            _listener.register(state)
+        _listen(state, job)
         store = job.store
         if store is None:
             state.sync()
@@ -201,6 +211,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
         if in_place:
             state._growth_check = growth.ready
+            state._growth_expand = growth.expand
         # what interrupted the last call: a lost rank (to re-form over the
         # survivors) or replacements ready to join (or, in a replacement,
         # its joining); a loss while that is dealt with (a second loss, a
@@ -214,6 +225,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     _join(state, store, growth)
                 elif interrupted is not None:
                     _grow_in_place(state, store, growth)
+                if interrupted is not None:
+                    _listen(state, job)  # this world's rank 0 may be another
                 interrupted = None
                 result = func(state, *args, **kwargs)
                 break

@@ -46,9 +46,11 @@ class State:
         self._store: CommitStore | None = None
         # set by hora's run() in place: rank 0's view of replacement
         # processes ('ready', 'failed' or None), and what the last check
-        # found, for run() to act on
+        # found, for run() to act on; and what starts the processes of a
+        # growth horarun reports (more slots found)
         self._growth_check: Callable[[], str | None] | None = None
         self._growth_found: str | None = None
+        self._growth_expand: Callable[[dict[str, Any]], None] | None = None
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
         """Functions to call after the world changed (ranks lost or added),
@@ -63,7 +65,9 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update_result: Any = None) -> None:
-        """Called (on rank 0) when horarun reports a change of hosts."""
+        """Called (on rank 0) when horarun reports a change of hosts;
+        ``update_result`` describes a growth the world can take in place
+        (see :mod:`hora.common.elastic.notifications`), or is None."""
         self._host_messages.put((timestamp, update_result))
 
     def commit(self) -> None:
@@ -85,18 +89,32 @@ class State:
     def check_host_updates(self) -> None:
         """Raises ``HostsUpdatedInterrupt`` on every rank at once when horarun
         has reported a change of hosts since the last check (or, in place,
-        when replacements for lost ranks are ready to join)."""
+        when replacements for lost ranks or new processes are ready to
+        join). In place, more slots found start new processes here, and
+        training goes on while they start."""
         newest = previous = self._last_updated_timestamp
+        relaunch, grow = False, None
         while not self._host_messages.empty():
-            timestamp, _ = self._host_messages.get()
+            timestamp, update = self._host_messages.get()
+            if timestamp <= previous:  # heard before, by an earlier rank 0
+                continue
             newest = max(newest, timestamp)
+            if isinstance(update, dict) and "grow" in update:
+                grow = update if grow is None else {  # two since the last check
+                    "grow": update["grow"], "place": grow["place"] + update["place"],
+                    "add": grow["add"] + update["add"]}
+            else:
+                relaunch = True
         growth = None
         if self._growth_check is not None and self._rank() == 0:
             growth = self._growth_check()
-        # rank 0 hears from horarun; everyone must raise at the same point
-        self._last_updated_timestamp, growth = self._bcast_object((newest, growth))
-        if self._last_updated_timestamp > previous:
+        # rank 0 hears from horarun; everyone must act at the same point
+        self._last_updated_timestamp, growth, relaunch, grow = self._bcast_object(
+            (newest, growth, relaunch, grow))
+        if relaunch or (grow is not None and self._growth_expand is None):
             raise HostsUpdatedInterrupt(False)
+        if grow is not None:
+            self._growth_expand(grow)  # type: ignore[misc]
         if growth is not None:
             self._growth_found = growth
             raise HostsUpdatedInterrupt(False)
