@@ -250,7 +250,12 @@ def test_discovery_grows_and_shrinks_the_world_at_a_commit(first, later, ranks_a
     _assert_same(results[1:], results[:1])
 
 
-def test_discovery_grows_the_world_in_place(job_env, tmp_path):
+@pytest.mark.parametrize("fault", [
+    "",
+    # rank 0, which heard of the slot, lost before the commit that acts on
+    # it: the next rank 0 hears it from horarun again
+    "0:0:0:3:kill"])
+def test_discovery_grows_the_world_in_place(fault, job_env, tmp_path):
     """--elastic-in-place: more slots found start a new process, which joins
     the running world at a commit; nothing is launched again and every
     rank ends with the same parameters."""
@@ -259,7 +264,7 @@ def test_discovery_grows_the_world_in_place(job_env, tmp_path):
     job = _start(["-np", "2", "--min-np", "1", "--max-np", "3", "--elastic-in-place",
                   "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
                  {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
-                  "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+                  "HORA_TEST_FAULT": fault, "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     lines = []
     for line in job.stdout:  # once training runs, a slot is added
         lines.append(line)
@@ -276,7 +281,13 @@ def test_discovery_grows_the_world_in_place(job_env, tmp_path):
     assert "elastic reset" not in output and "world 2:" not in output, output
     results = _params(prefix, 3)
     assert all(r["size"] == 3 for r in results)
-    assert [r["joiner"] for r in results] == [None, None, "2"]
+    joiners = [r["joiner"] for r in results]
+    if fault:  # the lost rank's replacement, and the new slot's process
+        assert "horarun: rank 0 on host" in output, output
+        assert "horarun: replacement process 3 started" in output, output
+        assert joiners[0] is None and sorted(joiners[1:]) == ["2", "3"], output
+    else:
+        assert joiners == [None, None, "2"]
     _assert_same(results[1:], results)
 
 

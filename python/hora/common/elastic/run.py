@@ -189,6 +189,7 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
     store.writer = local_rank() == 0
     state.sync()
     growth.share(state)
+    growth.replace_lost()  # collective, as the ranks' _grow_in_place ends
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
