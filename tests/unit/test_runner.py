@@ -507,6 +507,18 @@ def test_each_rank_gets_its_share_of_threads_unless_the_user_chose():
     spec = LaunchSpec(num_proc=2, cores=8, env_names=["OMP_NUM_THREADS"])
     cli.default_threads(env, spec)
     assert env["OMP_NUM_THREADS"] == "6"
+    # several hosts: each rank's wrapper takes its share of its own host
+    spec = LaunchSpec(num_proc=4, cores=2, hosts=[Host("a", 2), Host("b", 2)], env_names=[])
+    env = {}
+    cli.default_threads(env, spec)
+    assert "OMP_NUM_THREADS" not in env and spec.env_names == []
+
+
+def test_a_rank_wrapper_shares_its_own_hosts_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert rank_exec.thread_share({}, 4) == "4"
+    assert rank_exec.thread_share({}, 32) == "1"
+    assert rank_exec.thread_share({"OMP_NUM_THREADS": "3"}, 4) == "3"
 
 
 def test_horarun_launches_again_after_a_transient_start_failure(monkeypatch, capsys):
@@ -547,7 +559,7 @@ def test_recovery_in_place_needs_open_mpi_5(tmp_path, version, flavour, capable)
 
 @pytest.mark.parametrize("num_proc,local,max_np,cores,yields", [
     (2, True, 3, 2, True),      # may grow past the cores the ranks are bound to
-    (2, True, None, 2, True),   # discovery without --max-np
+    (2, True, None, 4, True),   # discovery without --max-np
     (2, True, 2, 2, False),     # replacements only: never more than the launch
     (3, True, 4, 2, False),     # oversubscribed: Open MPI yields by itself
     (2, False, 4, 2, False),    # new hosts bring their own cores

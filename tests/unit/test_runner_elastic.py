@@ -167,10 +167,12 @@ def test_notifier_tells_a_rank_that_connects_after_the_change():
 def test_a_growth_names_the_new_processes_places_and_the_new_hosts():
     world = [Host("node1", 2)]
     grown = [Host("node1", 3), Host("node2", 2)]
-    assert elastic._growth(world, grown, {"node1"}) == (5, ["node1:1", "node2:2"], ["node2"])
+    assert elastic._only_adds(world, grown)
+    assert elastic._growth(world, grown) == (5, ["node1:1", "node2:2"], ["node2"])
     # on this machine alone mpirun places them itself
-    assert elastic._growth([Host("localhost", 2)], [Host("localhost", 3)], {"localhost"}) == (
-        3, [], [])
+    assert elastic._growth([Host("localhost", 2)], [Host("localhost", 3)]) == (3, [], [])
+    # more slots in all, but fewer on a host of the world: a new world
+    assert not elastic._only_adds(world, [Host("node1", 1), Host("node2", 2)])
 
 
 def test_a_growth_message_reads_back_as_it_was_sent():

@@ -322,8 +322,10 @@ def rank_path(env, command, prefix=sys.prefix, base_prefix=sys.base_prefix,
 def default_threads(env, spec):
     """Unless the user chose, each rank's OpenMP/BLAS pools get the rank's
     share of the cores (as torchrun does): otherwise every rank starts one
-    thread per core of the host, and ranks sharing a host fight over them."""
-    if "OMP_NUM_THREADS" in env:
+    thread per core of the host, and ranks sharing a host fight over them.
+    On several hosts each rank's wrapper works its share out on its own
+    host (hora.runner.rank_exec), whose cores this machine does not know."""
+    if "OMP_NUM_THREADS" in env or spec.multi_host:
         return
     env["OMP_NUM_THREADS"] = str(spec.cores_per_rank)
     if "OMP_NUM_THREADS" not in spec.env_names:

@@ -216,8 +216,16 @@ def _world(found: list[hostlib.Host], num_proc: int) -> list[hostlib.Host]:
     return world
 
 
-def _growth(world: list[hostlib.Host], grown: list[hostlib.Host],
-            known: set[str]) -> tuple[int, list[str], list[str]]:
+def _only_adds(world: list[hostlib.Host], grown: list[hostlib.Host]) -> bool:
+    """Whether ``grown`` is ``world`` with more slots and nothing less: every
+    host of the world keeps at least its slots, and there are more."""
+    slots = {h.name: h.slots for h in grown}
+    return (hostlib.total_slots(grown) > hostlib.total_slots(world)
+            and all(slots.get(h.name, 0) >= h.slots for h in world))
+
+
+def _growth(world: list[hostlib.Host],
+            grown: list[hostlib.Host]) -> tuple[int, list[str], list[str]]:
     """What rank 0 is told when ``world`` becomes ``grown`` in place: the
     size, where the new processes go (none for a job on this machine, whose
     processes MPI places itself) and the hosts new to the job."""
@@ -227,7 +235,7 @@ def _growth(world: list[hostlib.Host], grown: list[hostlib.Host],
     before = {h.name: h.slots for h in world}
     place = [f"{h.name}:{h.slots - before.get(h.name, 0)}" for h in grown
              if h.slots > before.get(h.name, 0)]
-    add = [h.name for h in grown if h.name not in known]
+    add = [h.name for h in grown if h.name not in before]
     return size, place, add
 
 
@@ -264,9 +272,9 @@ class _Watcher:
             usable = blacklist.usable(found)
             gone = names - {h.name for h in usable}
             capacity = _capacity(usable, options.max_np)
-            if options.in_place and not gone and capacity > size:
-                grown = _world(usable, capacity)
-                notifier.notify(_growth(world, grown, names))
+            grown = _world(usable, capacity)
+            if options.in_place and options.replace and _only_adds(world, grown):
+                notifier.notify(_growth(world, grown))
                 log(f"horarun: more slots found ({_describe(usable)}); {capacity - size} new "
                     f"process(es) join the world in place at a commit")
                 world, size = grown, capacity

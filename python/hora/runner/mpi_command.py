@@ -155,13 +155,15 @@ def ulfm_capable(mpirun, flavour):
 
 def in_place_mpi_args(num_proc, local, max_np, cores):
     """Open MPI's arguments for an elastic job that recovers in place: ULFM,
-    for the survivors of a lost rank to go on; and, where the world may
-    grow in place past this machine's cores (``max_np`` None: as far as
-    discovery finds slots), yielding when idle: ranks busy-polling inside
-    MPI would starve the new processes (Open MPI yields by itself only when
-    the launch is oversubscribed; here a join took 180 ms instead of 55)."""
+    for the survivors of a lost rank to go on; and, for a job on this
+    machine that may grow in place past its cores (``max_np`` None: as far
+    as discovery finds slots), yielding when idle: ranks busy-polling
+    inside MPI would starve the new processes (Open MPI yields by itself
+    only when the launch is oversubscribed; on 2 cores a join took 180 ms
+    instead of 55). Growth onto hosts of a multi-host job is not covered:
+    their cores are not known here."""
     args = ["--with-ft", "ulfm"]
-    if local and (max_np or num_proc + 1) > cores >= num_proc:
+    if local and cores >= num_proc and (max_np is None or max_np > cores):
         args += ["--mca", "mpi_yield_when_idle", "1"]
     return args
 

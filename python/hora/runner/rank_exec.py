@@ -99,6 +99,15 @@ def joiner_info(env, rank, size, local_rank, local_size):
                              local_size)
 
 
+def thread_share(env, local_size):
+    """OMP_NUM_THREADS for a rank, unless it has one (the user's, or
+    horarun's on one host): its share of this host's cores, among the
+    ranks on this host."""
+    if "OMP_NUM_THREADS" in env:
+        return env["OMP_NUM_THREADS"]
+    return str(max(1, len(os.sched_getaffinity(0)) // max(1, local_size)))
+
+
 def rank_env(rank, size, local_rank, local_size):
     """The variables hora and Horovod-style scripts read to learn their place."""
     values = {"RANK": rank, "SIZE": size, "LOCAL_RANK": local_rank, "LOCAL_SIZE": local_size}
@@ -279,6 +288,7 @@ def main(argv=None):
     if env.get("HORA_RANK_PATH"):
         env["PATH"] = env["HORA_RANK_PATH"]
     env.update(rank_env(*place))
+    env["OMP_NUM_THREADS"] = thread_share(env, place[3])
     # How this rank was started: an in-place elastic world starts its
     # replacements the same way (hora.common.elastic.growth).
     env["HORA_RANK_EXEC"] = json.dumps({"python": sys.executable, "argv": launch_argv})

@@ -192,21 +192,16 @@ class MpiSpawning : public Communicator::Spawning {
           args.push_back(nullptr);
           std::vector<int> codes(static_cast<size_t>(count), MPI_SUCCESS);
           MPI_Comm joiners = MPI_COMM_NULL;
+          // Every rank calls the (collective) spawn; only the first rank's
+          // info counts, and a key it could not set leaves the placement to
+          // MPI.
           MPI_Info keys = MPI_INFO_NULL;
-          Status status;
-          if (!info.empty()) {
-            status = MpiStatus(MPI_Info_create(&keys), "MPI_Info_create");
-            for (const auto& [key, value] : info) {
-              if (status.ok()) {
-                status = MpiStatus(MPI_Info_set(keys, key.c_str(), value.c_str()), "MPI_Info_set");
-              }
-            }
+          if (!info.empty() && MPI_Info_create(&keys) == MPI_SUCCESS) {
+            for (const auto& [key, value] : info) MPI_Info_set(keys, key.c_str(), value.c_str());
           }
-          if (status.ok()) {
-            status = MpiStatus(MPI_Comm_spawn(argv[0].c_str(), args.data(), count, keys, 0,
-                                              state->over->comm, &joiners, codes.data()),
-                               "MPI_Comm_spawn");
-          }
+          Status status = MpiStatus(MPI_Comm_spawn(argv[0].c_str(), args.data(), count, keys, 0,
+                                                   state->over->comm, &joiners, codes.data()),
+                                    "MPI_Comm_spawn");
           if (keys != MPI_INFO_NULL) MPI_Info_free(&keys);
           for (int code : codes) {
             if (status.ok() && code != MPI_SUCCESS) status = MpiStatus(code, "a spawned process");

@@ -67,6 +67,8 @@ class Growth:
         # places them, as for replacements)
         self.place: list[str] = []
         self.add: list[str] = []
+        # what the spawn under way took of them (given back if it fails)
+        self.in_flight: tuple[list[str], list[str]] = ([], [])
         # the id the next replacement gets (made the same on every rank when
         # a world grows)
         self.next_id = self.target
@@ -75,12 +77,17 @@ class Growth:
         # a replacement that has not yet taken the state
         self.joining = "HORA_ELASTIC_JOINER_ID" in env
 
+    def can_start(self) -> bool:
+        """Whether this world starts processes (replacements, new slots'):
+        in place, replacing, started by horarun's rank wrapper."""
+        return self.enabled and self.launch is not None
+
     def expand(self, update: dict[str, Any]) -> None:
         """Collective, at a commit: horarun found more slots (``update`` from
         :func:`hora.common.elastic.notifications.parse_growth`); starts the
         processes that fill them."""
         from hora.common.basics import rank
-        if update["grow"] <= self.target and not update["place"]:
+        if update["grow"] <= self.target:
             return
         self.target = max(self.target, update["grow"])
         self.place += update["place"]
@@ -90,6 +97,16 @@ class Growth:
             print(f"hora.elastic: more slots found; the world grows to {self.target} ranks in "
                   f"place", file=sys.stderr, flush=True)
         self.replace_lost()
+
+    def abandoned(self) -> None:
+        """After a loss ended the spawn under way (``hora._C.reform``): its
+        places are to be filled again."""
+        self._give_back()
+
+    def _give_back(self) -> None:
+        place, add = self.in_flight
+        self.place, self.add = place + self.place, add + self.add
+        self.in_flight = ([], [])
 
     def _placed(self, missing: int) -> tuple[int, list[tuple[str, str]]]:
         """How many of ``missing`` processes to start now, and the spawn's
@@ -105,6 +122,7 @@ class Growth:
         info.append(("host", ",".join(self.place)))
         if self.add:
             info.append(("add-host", ",".join(self.add)))
+        self.in_flight, self.place, self.add = (self.place, self.add), [], []
         return min(missing, placed), info
 
     def replace_lost(self) -> None:
@@ -126,13 +144,13 @@ class Growth:
             return
         env = {k: v for k, v in self.env.items()
                if not k.startswith(_OWN_PREFIXES) and k not in _OWN_NAMES}
+        count, info = self._placed(missing)
         env["HORA_ELASTIC_JOINER_ID"] = str(self.next_id)
         env["HORA_ELASTIC_JOINER_RANK"] = str(size())
-        # The wrapper's rank variables say the launch's world size.
-        env["HORA_ELASTIC_TARGET_SIZE"] = str(self.target)
+        # the wrapper's rank variables say the size of the world they join
+        env["HORA_ELASTIC_TARGET_SIZE"] = str(size() + count)
         argv = [shutil.which("env") or "/usr/bin/env", *(f"{k}={v}" for k, v in env.items()),
                 self.launch["python"], "-m", "hora.runner.rank_exec", *self.launch["argv"]]
-        count, info = self._placed(missing)
         _C.start_growth(argv, count, info)
         self.next_id += count
         if rank() == 0:
@@ -161,20 +179,24 @@ class Growth:
             seconds = _C.grow()
         except HoraError as error:
             self.failures += 1
+            self._give_back()
             if rank() == 0:
                 print(f"hora.elastic: the replacement(s) did not join ({error})",
                       file=sys.stderr, flush=True)
             return None
         self.failures = 0
-        self.place, self.add = [], []  # placed, and the hosts are the job's now
+        self.in_flight = ([], [])  # placed, and the hosts are the job's now
         world_formed()
         return seconds
 
     def share(self, state: Any) -> None:
-        """Collective, right after a world grew: the ids, the commit count
-        and the size to come back to become rank 0's (a replacement knows
-        none of them for sure)."""
+        """Collective, right after a world grew: the ids, the commit count,
+        the size to come back to, the places still to fill and the last
+        host change heard become rank 0's (a replacement knows none of them
+        for sure)."""
         from hora.common.ops import broadcast_object
-        self.next_id, state._commits, self.target = broadcast_object(
-            (self.next_id, state._commits, self.target), root_rank=0, name="hora.elastic.grown")
+        (self.next_id, state._commits, self.target, self.place, self.add,
+         state._last_updated_timestamp) = broadcast_object(
+            (self.next_id, state._commits, self.target, self.place, self.add,
+             state._last_updated_timestamp), root_rank=0, name="hora.elastic.grown")
         self.joining = False

@@ -22,10 +22,12 @@ from typing import Any
 
 
 class HostUpdateListener:
-    def __init__(self, address: str):
+    def __init__(self, address: str, state: Any):
         host, _, port = address.rpartition(":")
         self._address = (host, int(port))
-        self._states: list[Any] = []
+        # registered before the connection: the messages sent so far come
+        # at once
+        self._states: list[Any] = [state]
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._listen, name="hora-elastic-hosts",
                                         daemon=True)
@@ -51,8 +53,8 @@ class HostUpdateListener:
                         state.on_hosts_updated(float(fields[1]), update)
         except (OSError, ValueError) as error:
             print(f"hora.elastic: lost the connection to horarun at {self._address[0]}:"
-                  f"{self._address[1]} ({error}); host changes will not be noticed until the "
-                  f"next reset", file=sys.stderr, flush=True)
+                  f"{self._address[1]} ({error}); host changes will not be noticed until "
+                  f"another process is rank 0", file=sys.stderr, flush=True)
 
 
 def parse_growth(fields: list[str]) -> dict[str, Any] | None:

@@ -17,7 +17,9 @@ did not is redone alike), run the reset callbacks and call the function
 again. Nothing since the last commit is lost. Where the MPI cannot re-form
 in place, they leave for a relaunch as above. They also start replacement
 processes (:mod:`hora.common.elastic.growth`), which join at a later
-``commit()`` and take the state from rank 0.
+``commit()`` and take the state from rank 0; more slots that horarun's
+host discovery finds are filled the same way (other host changes still
+end the processes for a relaunch).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _listen(state: Any, job: _Job) -> None:
     if job.supervisor is None or rank() != 0:
         return
     if _listener is None:
-        _listener = HostUpdateListener(job.supervisor)
+        _listener = HostUpdateListener(job.supervisor, state)
     _listener.register(state)
 
 
@@ -133,6 +135,7 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     except HoraError as failed:
         _leave(state, store, f"a rank was lost ({error}), and the survivors cannot go on in "
                              f"place ({failed})")
+    growth.abandoned()  # a spawn under way went with the old world
     world_formed()
     store.writer = local_rank() == 0
     state.drop_step_in_flight()
@@ -212,7 +215,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
         if in_place:
             state._growth_check = growth.ready
-            state._growth_expand = growth.expand
+            if growth.can_start():  # else new slots mean a relaunch
+                state._growth_expand = growth.expand
         # what interrupted the last call: a lost rank (to re-form over the
         # survivors) or replacements ready to join (or, in a replacement,
         # its joining); a loss while that is dealt with (a second loss, a

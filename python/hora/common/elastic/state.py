@@ -59,8 +59,9 @@ class State:
 
     def on_reset(self) -> None:
         """Runs the reset callbacks (``hvd.elastic.run`` calls it in every
-        world after the first)."""
-        self._host_messages = queue.Queue()
+        world after the first). Unlike Horovod's, it keeps the host changes
+        heard and not yet acted on: a world re-formed in place has not seen
+        them (those already acted on are older than the last check's)."""
         for callback in self._reset_callbacks:
             callback()
 
