@@ -407,14 +407,16 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
 SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
 
 
-@pytest.mark.parametrize("sharding", ["gradients", "parameters"])
-def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_path):
+@pytest.mark.parametrize("sharding,mode", [("gradients", []), ("parameters", []),
+                                           ("gradients", ["--elastic-in-place"])])
+def test_sharded_state_survives_a_world_of_another_size(sharding, mode, job_env, tmp_path):
     """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
     (4 again): each new world merges the shards every rank of the last
     commit wrote and re-cuts them (with sharding="parameters" the model's
     weights too, committed whole), and the run ends like an uninterrupted
     4-rank run (the same averaged gradients every step; sums of 3 ranks
-    add in another order, so not bit for bit)."""
+    add in another order, so not bit for bit). In place the same happens:
+    sharded state is re-cut by a relaunch, a loss and new slots alike."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
     reference = str(tmp_path / "ref")
     code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
@@ -423,7 +425,7 @@ def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_p
     script, hosts = _discovery(tmp_path, "localhost:4\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", "--host-discovery-script", script,
+        ["-np", "4", "--min-np", "2", "--max-np", "4", *mode, "--host-discovery-script", script,
          sys.executable, SHARDED], job_env, tmp_path,
         {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_SHRINK": "1",
          "HORA_TEST_STEP_SLEEP": "0.15", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})

@@ -215,7 +215,11 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
         if in_place:
             state._growth_check = growth.ready
-            if growth.can_start():  # else new slots mean a relaunch
+            # else new slots mean a relaunch: so do they for state held in
+            # shards, which a new world re-cuts from the commit's parts
+            # (and a new process could not build its sharded optimizer:
+            # that takes collectives, before it has joined)
+            if growth.can_start() and not state.holds_shards():
                 state._growth_expand = growth.expand
         # what interrupted the last call: a lost rank (to re-form over the
         # survivors) or replacements ready to join (or, in a replacement,
