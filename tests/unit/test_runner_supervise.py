@@ -266,6 +266,17 @@ def test_a_host_whose_ssh_session_ended_is_named_as_lost():
                                       "cannot be reached")
 
 
+def test_a_daemon_lost_after_every_rank_ended_well_is_no_failure():
+    # mpirun's own shutdown, seen after a job grew onto a host in place
+    outcome = supervise._outcome(213, 2, {0, 1}, None, None, False, 60, exited={0, 1},
+                                 lost=("ns-a", []))
+    assert outcome.code == 0 and "every rank ended well" in outcome.message
+    # a rank that never reported its end: the host was lost with it
+    outcome = supervise._outcome(213, 2, {0, 1}, None, None, False, 60, exited={0},
+                                 lost=("ns-a", [1]))
+    assert outcome.code == 213 and outcome.lost_host == "ns-a"
+
+
 def test_remote_host_lines_of_other_messages_name_no_lost_host():
     outcome, *_ = run("""
         emit("started", 0); emit("started", 1)

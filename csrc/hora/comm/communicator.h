@@ -95,7 +95,7 @@ class Communicator {
     virtual void Cancel() = 0;
   };
   // `info`: the spawn's MPI_Info keys (Open MPI's "host" places the new
-  // processes, "add-host" first adds hosts the job did not start with).
+  // processes, "PMIX_ADD_HOST" first adds hosts the job did not start with).
   using SpawnInfo = std::vector<std::pair<std::string, std::string>>;
   virtual Status StartSpawn(const std::vector<std::string>& argv, int count, const SpawnInfo& info,
                             std::shared_ptr<Spawning>* out) {

@@ -343,6 +343,13 @@ def _outcome(code, num_proc, started, first_failure, stop_signal, start_expired,
                        started=started)
     if lost is not None:
         host, ranks = lost
+        if exited is not None and set(range(num_proc)) | started <= set(exited):
+            # every rank and every process started in place had ended well
+            # (first_failure is None) before mpirun lost that daemon: its
+            # own shutdown, not the job (seen after a job grew onto a host
+            # in place)
+            return Outcome(0, f"horarun: every rank ended well; mpirun then lost its daemon on "
+                              f"host {host} as it shut down", started=started)
         if not ranks:  # no rank had started there
             return Outcome(code or 1, f"horarun: mpirun lost its daemon on host {host} (the host "
                                       f"cannot be reached, or the daemon could not start or "

@@ -120,8 +120,8 @@ class Growth:
         if not placed:
             return missing, info
         info.append(("host", ",".join(self.place)))
-        if self.add:
-            info.append(("add-host", ",".join(self.add)))
+        if self.add:  # Open MPI 5 calls "add-host" by PMIx's name
+            info.append(("PMIX_ADD_HOST", ",".join(self.add)))
         self.in_flight, self.place, self.add = (self.place, self.add), [], []
         return min(missing, placed), info
 
