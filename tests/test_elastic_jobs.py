@@ -407,16 +407,14 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
 SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
 
 
-@pytest.mark.parametrize("sharding,mode", [("gradients", []), ("parameters", []),
-                                           ("gradients", ["--elastic-in-place"])])
-def test_sharded_state_survives_a_world_of_another_size(sharding, mode, job_env, tmp_path):
+@pytest.mark.parametrize("sharding", ["gradients", "parameters"])
+def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_path):
     """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
     (4 again): each new world merges the shards every rank of the last
     commit wrote and re-cuts them (with sharding="parameters" the model's
     weights too, committed whole), and the run ends like an uninterrupted
     4-rank run (the same averaged gradients every step; sums of 3 ranks
-    add in another order, so not bit for bit). In place the same happens:
-    sharded state is re-cut by a relaunch, a loss and new slots alike."""
+    add in another order, so not bit for bit)."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
     reference = str(tmp_path / "ref")
     code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
@@ -425,7 +423,7 @@ def test_sharded_state_survives_a_world_of_another_size(sharding, mode, job_env,
     script, hosts = _discovery(tmp_path, "localhost:4\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", *mode, "--host-discovery-script", script,
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--host-discovery-script", script,
          sys.executable, SHARDED], job_env, tmp_path,
         {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_SHRINK": "1",
          "HORA_TEST_STEP_SLEEP": "0.15", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
@@ -448,3 +446,101 @@ def test_sharded_state_survives_a_world_of_another_size(sharding, mode, job_env,
                                            rtol=1e-4, atol=1e-7)
     assert not os.listdir(tmp_path / "state"), "a finished run forgets its commit and parts"
     print(f"largest relative difference to the uninterrupted run: {largest:.3g}")
+
+
+def _assert_like_sharded_reference(prefix, reference, ranks):
+    expected = torch.load(f"{reference}.rank0.pt", weights_only=False)
+    for r in range(ranks):
+        got = torch.load(f"{prefix}.rank{r}.pt", weights_only=False)
+        assert got["size"] == ranks
+        for a, b in zip(got["params"], expected["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        for number, entry in expected["optimizer"]["state"].items():
+            for key, value in entry.items():
+                torch.testing.assert_close(got["optimizer"]["state"][number][key], value,
+                                           rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("sharding,killed", [("optimizer_state", 3), ("gradients", 0),
+                                             ("parameters", 1)])
+def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed, job_env,
+                                                                tmp_path):
+    """4 ranks in place, one SIGKILLed (rank 0 too) before epoch 0 batch 5:
+    the other 3 keep their processes, go back to the last commit (epoch 0
+    batch 4) from their own parts and the buddy copy of the lost rank's,
+    cut it for 3 ranks (stage 3: the weights too), and a replacement joins
+    later and gets its share of the state; no relaunch, and the run ends
+    like the uninterrupted 4-rank run."""
+    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
+         SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_KILL": str(killed), "HORA_TEST_STEP_SLEEP": "0.15",
+         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert [w.split()[0] for w in worlds] == ["4", "3", "4"], output
+    assert "from epoch 0 batch 4 (launch 0)" in worlds[1], output
+    assert all(w.endswith("(launch 0)") for w in worlds), output
+    assert "back to commit 2, its shards cut again for 3 rank(s)" in output, output
+    assert "replacement process(es) joined; 4 ranks" in output, output
+    _assert_like_sharded_reference(prefix, reference, 4)
+
+
+@pytest.mark.parametrize("sharding", ["gradients", "parameters"])
+def test_sharded_job_grows_in_place_from_host_discovery(sharding, job_env, tmp_path):
+    """3 ranks in place; host discovery then lists a fourth slot: the new
+    process builds its sharded optimizer before it joins (for the future
+    world, no collectives), joins at a commit, and the 4 ranks cut the
+    commit just made for 4 (stage 3: the weights too). No relaunch; the
+    run ends like an uninterrupted 4-rank run."""
+    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    script, hosts = _discovery(tmp_path, "localhost:3\n")
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "3", "--min-np", "2", "--max-np", "4", "--elastic-in-place",
+         "--host-discovery-script", script, sys.executable, SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_GROW": "1",
+         "HORA_TEST_STEP_SLEEP": "0.3", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert [w.split()[0] for w in worlds] == ["3", "4"], output
+    assert all(w.endswith("(launch 0)") for w in worlds), output
+    assert "replacement process(es) joined; 4 ranks" in output, output
+    _assert_like_sharded_reference(prefix, reference, 4)
+
+
+def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(job_env, tmp_path):
+    """Ranks 2 and 3 of 4 SIGKILLed together: rank 2's part of the last
+    commit lived on rank 2 and on rank 3 (its buddy), so the two ranks left
+    hold no commit whole; they say so and leave, and horarun relaunches
+    from the commit's parts on disk. The run ends like the uninterrupted
+    one."""
+    job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
+         SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_KILL": "2,3", "HORA_TEST_STEP_SLEEP": "0.15",
+         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    assert "no commit is held whole by the ranks left" in output, output
+    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert worlds[-1].startswith("4 from epoch 0 batch 4 (launch 1)"), output
+    _assert_like_sharded_reference(prefix, reference, 4)

@@ -6,12 +6,18 @@ and the run ends like an uninterrupted one, up to the order of sums.
 
 HORA_TEST_STEP_SLEEP slows every step down by that many seconds (so that
 horarun's discovery, polled every second, sees the hosts change before the
-run ends). HORA_TEST_HOSTS names the discovery script's host file. On launch 0 the
-last rank writes "localhost:<size - 1>" into it and SIGKILLs itself before
-epoch 0 batch 5 (HORA_TEST_SHRINK=1); on the launch after, rank 0 writes
-"localhost:<size + 1>" before epoch 1 batch 2, and the world grows back at
-the next commit. At the end every rank saves its parameters and the full
-optimizer state to HORA_TEST_OUT.rank<N>.pt.
+run ends). HORA_TEST_HOSTS names the discovery script's host file. On
+launch 0 the last rank writes "localhost:<size - 1>" into it and SIGKILLs
+itself before epoch 0 batch 5 (HORA_TEST_SHRINK=1); on the launch after,
+rank 0 writes "localhost:<size + 1>" before epoch 1 batch 2, and the world
+grows back at the next commit. HORA_TEST_GROW=1 writes that on the first
+launch instead, before epoch 0 batch 2 (with no loss before).
+HORA_TEST_KILL=<rank>[,<rank>...] (no host file) SIGKILLs those ranks of
+the first world before epoch 0 batch 5 instead, once and together (the
+highest kills the others): in place the others
+go on from the last commit and a replacement joins later. At the end every
+rank saves its parameters and the full optimizer state to
+HORA_TEST_OUT.rank<N>.pt.
 """
 
 import os
@@ -41,7 +47,27 @@ shrink = os.environ.get("HORA_TEST_SHRINK") == "1"
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
 
 
+kill = os.environ.get("HORA_TEST_KILL")
+resets = []
+state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+first_world = launch == 0 and "HORA_ELASTIC_JOINER_ID" not in os.environ
+victims = sorted(int(r) for r in kill.split(",")) if kill else []
+if first_world and hvd.rank() in victims:
+    with open(f"{os.environ['HORA_TEST_OUT']}.pid{hvd.rank()}", "w") as f:
+        f.write(str(os.getpid()))
+
+
 def change_world():
+    if kill is not None and first_world and not resets and (state.epoch, state.batch) == (0, 5) \
+            and hvd.rank() == max(victims):
+        for r in victims[:-1]:  # at once, before the others notice
+            with open(f"{os.environ['HORA_TEST_OUT']}.pid{r}") as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("HORA_TEST_GROW") == "1" and hosts and first_world and not resets \
+            and (state.epoch, state.batch) == (0, 2) and hvd.rank() == 0:
+        with open(hosts, "w") as f:  # in place: one more slot, nothing lost
+            f.write(f"localhost:{hvd.size() + 1}\n")
     if not (shrink and hosts):
         return
     if launch == 0 and (state.epoch, state.batch) == (0, 5) and hvd.rank() == hvd.size() - 1:

@@ -407,7 +407,9 @@ def _sharded_optimizer(optimizer, names, params, units, stage, policy, passes, s
             raise ValueError(f"DistributedOptimizer: this rank is in process_set but not in "
                              f"replica_process_set {replicas}; every rank of a sharded set "
                              f"needs the set of its replicas")
-    if member:
+    if member and not _C.joining():
+        # (a process joining an elastic world in place checks nothing yet:
+        # it takes the world's state when it joins)
         check_same_parameters(params, names, process_set)
     wrapped = _rewrap(optimizer, _ShardedOptimizer, _SHARDED_CLASSES, names, process_set)
     position = {p: i for i, p in enumerate(params)}

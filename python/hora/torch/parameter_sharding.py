@@ -166,6 +166,23 @@ class ParameterShards:
             self._hooks.append(module.register_forward_hook(
                 lambda module, args, output, unit=unit: self._after_forward(unit, output)))
 
+    def detach(self) -> None:
+        """Lets the parameters go (the optimizer cuts them again after the
+        world changed in place): the hooks are removed, gathers in flight
+        forgotten (they went with the old world) and every parameter is
+        whole again, as zeros of its shape, for the state to be loaded."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._pending.clear()
+        self._gathered.clear()
+        self._cursors.clear()
+        for views in self._views:
+            for p, view in views:
+                p.data = torch.zeros(view.shape, dtype=view.dtype, device=view.device)
+                del p._hora_shards
+        self.flat, self._views, self.shards = [], [], []
+
     def _check_whole(self, params: list[torch.Tensor], names: dict[torch.Tensor, str],
                      what: str) -> None:
         for p in params:

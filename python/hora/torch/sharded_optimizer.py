@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from hora._loader import _C
 from hora.common._adapter.handles import Handle, poll, synchronize, wait_for
 from hora.common.basics import Max, Sum
 from hora.common.exceptions import HoraError
@@ -87,42 +88,24 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_process_set = process_set
         self._hora_set = set_id(process_set, "DistributedOptimizer")
         self._hora_member = process_set is global_process_set or bool(process_set.included())
-        size = set_size(process_set) if self._hora_member else 1
-        self._hora_rank = set_rank(process_set) if self._hora_member else 0
-        self._hora_layout = ShardLayout([p.numel() for p in params], units, size)
+        self._hora_units = units
+        self._hora_model_units = model_units
         self._hora_compression = policy.compression
         self._hora_op = policy.op
         self._hora_prescale = policy.prescale
         self._hora_postscale = policy.postscale
         self._hora_sparse_as_dense = bool(sparse_as_dense)
         self.backward_passes_per_step = passes
-        layout = self._hora_layout
         self._hora_bucket_names = []
-        for bucket in layout.buckets:
-            first, last = names[params[bucket.members[0]]], names[params[bucket.members[-1]]]
-            self._hora_bucket_names.append(f"bucket.{first}..{last}.{len(bucket.members)}")
-        # This rank's shard of each bucket's reduced gradient; the pieces'
-        # .grad are views into it.
-        self._hora_grad_shards = []
-        self._hora_pieces = {}   # parameter -> _hora_make_piece(its piece)
-        self._hora_flat_params = {}  # bucket -> the flat buffer its parameters are views of
-        # stage 3: the parameters' shards, gathers and module hooks
-        self._hora_shards = None
-        if self._hora_member and stage == 3:
-            model, unit_buckets, modules = model_units
-            self._hora_shards = ParameterShards(self, model, unit_buckets, modules)
-            self._hora_shards.shard(broadcast_root=True)
-        elif self._hora_member:  # outside the set every step is a local one
-            for b in range(len(layout.buckets)):
-                self._hora_flatten(b)
-        if self._hora_member:
-            for b, bucket in enumerate(layout.buckets):
-                head = params[bucket.members[0]]
-                self._hora_grad_shards.append(torch.zeros(
-                    layout.shard_numel(b, self._hora_rank), dtype=head.dtype,
-                    device=head.device))
-            for piece in layout.pieces(self._hora_rank):
-                self._hora_pieces[params[piece.param]] = self._hora_make_piece(piece)
+        for unit in units:
+            first, last = names[params[unit[0]]], names[params[unit[-1]]]
+            self._hora_bucket_names.append(f"bucket.{first}..{last}.{len(unit)}")
+        self._hora_flat_params = {}  # bucket -> the flat buffer its parameters view
+        self._hora_shards = None     # stage 3: the parameters' shards, gathers, module hooks
+        self._hora_hooks = []
+        # a process waiting to join an elastic world in place takes no part
+        # in collectives yet: the values come with the world's state
+        self._hora_cut(broadcast_root=not _C.joining())
         # per step
         self._hora_delay = {p: passes for p in params}
         self._hora_flat = {}        # bucket -> flat buffer being filled
@@ -134,11 +117,70 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_should_synchronize = True
         self._hora_clipped = False  # clip_grad_norm_ reduced for the coming step()
         self._hora_loaded = None    # a full state dict loaded since the last step
-        self._hora_hooks = []
+
+    def _hora_cut(self, broadcast_root):
+        """Cuts the buckets among the ranks of the process set as it is now:
+        this rank's gradient shards and pieces (and, at stage 3, its
+        parameter shards and the module hooks), and the gradient hooks.
+        With ``broadcast_root`` the set's first rank's parameter values
+        become every rank's (stage 3 does that here; other stages leave it
+        to the usual ``broadcast_parameters``)."""
+        params = self._hora_params
+        size = set_size(self._hora_process_set) if self._hora_member else 1
+        self._hora_rank = set_rank(self._hora_process_set) if self._hora_member else 0
+        self._hora_layout = ShardLayout([p.numel() for p in params], self._hora_units, size)
+        layout = self._hora_layout
+        # This rank's shard of each bucket's reduced gradient; the pieces'
+        # .grad are views into it.
+        self._hora_grad_shards = []
+        self._hora_pieces = {}   # parameter -> _hora_make_piece(its piece)
+        if self._hora_member and self._hora_stage == 3:
+            model, unit_buckets, modules = self._hora_model_units
+            self._hora_shards = ParameterShards(self, model, unit_buckets, modules)
+            self._hora_shards.shard(broadcast_root=broadcast_root)
+        elif self._hora_member and not self._hora_flat_params:
+            # (outside the set every step is a local one)
+            for b in range(len(layout.buckets)):
+                self._hora_flatten(b)
         if self._hora_member:
+            for b, bucket in enumerate(layout.buckets):
+                head = params[bucket.members[0]]
+                self._hora_grad_shards.append(torch.zeros(
+                    layout.shard_numel(b, self._hora_rank), dtype=head.dtype,
+                    device=head.device))
+            for piece in layout.pieces(self._hora_rank):
+                self._hora_pieces[params[piece.param]] = self._hora_make_piece(piece)
             hook = gradient_ready_hook(self)
             for p in params:
                 self._hora_hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _hora_recut(self):
+        """After the world changed in place (hora.common.elastic): the
+        buckets cut again for the set's ranks as they are now. Local. The
+        optimizer state is forgotten, and at stage 3 the parameters are
+        whole (zeros) until the caller loads the state, which every rank
+        then holds alike: load a full state dict, and the model's weights
+        inside :meth:`gathered_parameters`."""
+        for handle in self._hora_hooks:
+            handle.remove()
+        self._hora_hooks = []
+        if self._hora_shards is not None:
+            self._hora_shards.detach()
+            self._hora_shards = None
+        self._hora_reset_step()
+        self._hora_synchronized = self._hora_clipped = False
+        self._hora_loaded = None
+        self.state = collections.defaultdict(dict)
+        self._hora_cut(broadcast_root=False)
+
+    def _hora_drop_step(self):
+        """Forgets the step in flight (its reductions failed with a lost
+        rank); the state is then cut again and loaded from the last commit
+        (hora.common.elastic)."""
+        self._hora_reset_step()
+        self._hora_synchronized = self._hora_clipped = False
+        for p in self._hora_params:
+            p.grad = None
 
     def _hora_flatten(self, b):
         """Makes the parameters of bucket ``b`` views of one flat host buffer,

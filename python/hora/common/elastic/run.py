@@ -27,8 +27,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
+from hora.common.elastic.buddy import BuddyCopies
 from hora.common.elastic.growth import Growth, world_formed
 from hora.common.elastic.notifications import HostUpdateListener
 from hora.common.elastic.store import CommitStore
@@ -108,7 +109,7 @@ def _gather_parts(store: CommitStore, commit: int, needed: int) -> list[Any]:
     return parts
 
 
-def _leave(state: Any, store: CommitStore, why: str) -> None:
+def _leave(state: Any, store: CommitStore, why: str) -> NoReturn:
     """Ends this process so that horarun forms the next world, once the last
     commit is on this host's disk."""
     from hora.common.basics import rank
@@ -128,8 +129,10 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     from hora import _C
     from hora.common.basics import local_rank, rank, size
     from hora.common.exceptions import HoraError
-    if state.holds_shards():
-        _leave(state, store, f"a rank was lost ({error}) with its shard of the training state")
+    if state.holds_shards() and state._buddies is None:
+        _leave(state, store, f"a rank was lost ({error}) with its shard of the training state "
+                             f"(held by a process set of its own or hybrid: not cut again in "
+                             f"place)")
     try:
         seconds = _C.reform()
     except HoraError as failed:
@@ -139,17 +142,69 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     world_formed()
     store.writer = local_rank() == 0
     state.drop_step_in_flight()
-    # Every survivor takes the new rank 0's state as it is now (not as last
-    # committed): a step that some finished and others did not is redone
-    # alike, and nothing since the last commit is lost. The reset callbacks
-    # run first, as in Horovod, and what they change is kept too.
-    state.on_reset()
-    state.save()
-    state.sync()
+    if state._buddies is not None:
+        # The lost ranks' shards since the last commit are gone: the world
+        # goes back to the newest commit it holds whole (the buddy copies)
+        # and cuts it for its new size. The reset callbacks run after, as
+        # after a relaunch, and what they change is kept.
+        _restore_shards(state, store, joining=False)
+        state.on_reset()
+        _recommit(state)
+        what = f"back to commit {state._commits}, its shards cut again for {size()} rank(s)"
+    else:
+        # Every survivor takes the new rank 0's state as it is now (not as
+        # last committed): a step that some finished and others did not is
+        # redone alike, and nothing since the last commit is lost. The
+        # reset callbacks run first, as in Horovod, and what they change is
+        # kept too.
+        state.on_reset()
+        state.save()
+        state.sync()
+        what = "nothing lost"
     if rank() == 0:
         print(f"hora.elastic: a rank was lost ({error}); {size()} rank(s) go on in place (world "
-              f"re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+              f"re-formed in {seconds * 1000:.0f} ms; {what})", file=sys.stderr, flush=True)
     growth.replace_lost()
+
+
+def _restore_shards(state: Any, store: CommitStore, joining: bool) -> None:
+    """Collective, in a world formed in place with state held in shards:
+    every rank takes the newest commit the world holds whole (its parts
+    from their holders, the rest from a rank that saved it; see
+    :mod:`hora.common.elastic.buddy`), cut for this world. A process that
+    joins holds nothing yet."""
+    from hora.common.basics import rank
+    from hora.common.elastic.buddy import choose
+    from hora.common.ops import allgather_object, broadcast_object
+    buddies = state._buddies
+    reports = allgather_object((-1 if joining else state._commits, buddies.inventory()),
+                               name="hora.elastic.buddies")
+    choice = choose(reports)
+    if choice is None:
+        _leave(state, store, "no commit is held whole by the ranks left (a rank and the next "
+                             "one, which held the copy of its shard, were both lost)")
+    commit, parts, holders, source = choice
+    buddies.forget_after(commit)
+    snapshot = state.snapshot() if rank() == source else None
+    snapshot = broadcast_object(snapshot, root_rank=source, name="hora.elastic.snapshot")
+    state.load_snapshot(snapshot)
+    state.load_parts([broadcast_object(buddies.load((commit, parts, k)) if rank() == holder
+                                       else None, root_rank=holder,
+                                       name=f"hora.elastic.buddy.part.{k}")
+                      for k, holder in enumerate(holders)])
+    state._commits = commit
+    state.recut()
+    state.restore()
+
+
+def _recommit(state: Any) -> None:
+    """Collective: the state as it is now becomes the last commit again
+    (same number), its parts copied to the neighbouring ranks of this
+    world."""
+    part = state.take_part()
+    if part is not None:
+        state._buddies.exchange(state._commits, part)
+    state.save()
 
 
 def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
@@ -162,12 +217,19 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
         growth.replace_lost()  # tried again, a few times
         return
     store.writer = local_rank() == 0
-    # as in Horovod: the reset callbacks, then rank 0's state everywhere
-    # (what the callbacks changed included; the replacements run none:
-    # they start in this world)
-    state.on_reset()
-    state.save()
-    state.sync()
+    if state._buddies is not None:
+        # the commit just made, its shards cut again for the grown world
+        # (the joiners take part; they run no reset callbacks)
+        _restore_shards(state, store, joining=False)
+        state.on_reset()
+        _recommit(state)
+    else:
+        # as in Horovod: the reset callbacks, then rank 0's state
+        # everywhere (what the callbacks changed included; the
+        # replacements run none: they start in this world)
+        state.on_reset()
+        state.save()
+        state.sync()
     growth.share(state)
     if rank() == 0:
         print(f"hora.elastic: replacement process(es) joined; {size()} ranks go on in place "
@@ -190,7 +252,11 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
             raise
         world_formed()  # as the world does in Growth.grow
     store.writer = local_rank() == 0
-    state.sync()
+    if state._buddies is not None:
+        _restore_shards(state, store, joining=True)
+        _recommit(state)
+    else:
+        state.sync()
     growth.share(state)
     growth.replace_lost()  # collective, as the ranks' _grow_in_place ends
 
@@ -207,19 +273,22 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             return func(state, *args, **kwargs)
         state._store = store
         growth = Growth(dict(os.environ))
+        in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
+        if in_place and state.recuts_in_place():
+            state._buddies = BuddyCopies()
         if not growth.joining:
             if not _restore_newest(state, store):
                 state.sync()
             if job.restarts > 0:
                 state.on_reset()
-        in_place = os.environ.get("HORA_ELASTIC_IN_PLACE") == "1"
+            if state._buddies is not None:
+                _recommit(state)  # the start is a commit the world holds whole
         if in_place:
             state._growth_check = growth.ready
             # else new slots mean a relaunch: so do they for state held in
-            # shards, which a new world re-cuts from the commit's parts
-            # (and a new process could not build its sharded optimizer:
-            # that takes collectives, before it has joined)
-            if growth.can_start() and not state.holds_shards():
+            # shards that is not cut again in place (a process set's own,
+            # or hybrid), which a new world re-cuts from the commit's parts
+            if growth.can_start() and not (state.holds_shards() and state._buddies is None):
                 state._growth_expand = growth.expand
         # what interrupted the last call: a lost rank (to re-form over the
         # survivors) or replacements ready to join (or, in a replacement,

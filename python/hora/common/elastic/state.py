@@ -8,6 +8,7 @@ import copy
 import queue
 from typing import TYPE_CHECKING, Any, Callable
 
+from hora.common.elastic.buddy import BuddyCopies
 from hora.common.elastic.store import CommitStore
 from hora.common.exceptions import HostsUpdatedInterrupt
 
@@ -51,6 +52,9 @@ class State:
         self._growth_check: Callable[[], str | None] | None = None
         self._growth_found: str | None = None
         self._growth_expand: Callable[[dict[str, Any]], None] | None = None
+        # set by hora's run() in place for state held in shards that can be
+        # cut again in place: the parts' copies on the neighbouring ranks
+        self._buddies: BuddyCopies | None = None
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], Any]]) -> None:
         """Functions to call after the world changed (ranks lost or added),
@@ -77,12 +81,19 @@ class State:
         on every rank when there are). Under an elastic ``horarun`` the
         committed state is also written to this host's disk, in the
         background."""
+        part = None
+        if self._buddies is not None:
+            # the shards' parts first: see hora.common.elastic.buddy
+            part = self.take_part()
+            if part is not None:
+                self._buddies.exchange(self._commits + 1, part)
         self.save()
         self._commits += 1
         if self._store is not None:
             if self._store.writer:
                 self._store.write(self._commits, self.snapshot())
-            part = self.snapshot_part()
+            if part is None:
+                part = self.snapshot_part()
             if part is not None:
                 self._store.write_part(self._commits, self._rank(), part)
         self.check_host_updates()
@@ -158,6 +169,23 @@ class State:
         optimizer's): the survivors of a lost rank then cannot go on in
         place, and resume from the last commit."""
         return False
+
+    def recuts_in_place(self) -> bool:
+        """Whether the state held in shards can be cut again for a world
+        formed in place (hora then keeps a copy of each part on the next
+        rank, see :mod:`hora.common.elastic.buddy`)."""
+        return False
+
+    def take_part(self) -> Any:
+        """Saves this rank's own part of the state now, ahead of the rest
+        (which the following ``save()`` keeps), and returns it as
+        :meth:`snapshot_part` would; None when there is none."""
+        return None
+
+    def recut(self) -> None:
+        """After :meth:`load_parts`, in a world formed in place: cuts the
+        state held in shards again for this world, so that ``restore()``
+        keeps this rank's part of it."""
 
     def drop_step_in_flight(self) -> None:
         """Forgets a training step that a lost rank interrupted (pending

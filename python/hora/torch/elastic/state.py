@@ -9,10 +9,12 @@ from typing import Any
 
 import torch
 
+from hora._loader import _C
 from hora.common.elastic import ObjectState
 from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from hora.torch.parameter_sharding import gathered_model
+from hora.torch._collectives import global_process_set
 from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
@@ -24,7 +26,10 @@ class _ModelState:
     def __init__(self, model: torch.nn.Module):
         self.value = model
         self.saved: dict[str, Any] = {}
-        self.save()
+        # a process waiting to join an elastic world in place cannot gather
+        # sharded weights yet; it takes the world's state when it joins
+        if not (_C.joining() and _holds_shards(model)):
+            self.save()
 
     def save(self) -> None:
         with gathered_model(self.value, writeback=False):
@@ -37,6 +42,10 @@ class _ModelState:
     def sync(self) -> None:
         with gathered_model(self.value, writeback=True):
             broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+def _holds_shards(model: torch.nn.Module) -> bool:
+    return any(getattr(p, "_hora_shards", None) is not None for p in model.parameters())
 
 
 class _StateDictState:
@@ -198,12 +207,32 @@ class TorchState(ObjectState):
         super().__init__(bcast_object=broadcast_object, **plain)
 
     def save(self) -> None:
+        taken, self._part_taken = getattr(self, "_part_taken", False), False
         for handler in self._handlers.values():
-            handler.save()
+            if not (taken and isinstance(handler, _ShardedOptimizerState)):
+                handler.save()
         super().save()
 
     def holds_shards(self) -> bool:
         return any(isinstance(h, _ShardedOptimizerState) for h in self._handlers.values())
+
+    def recuts_in_place(self) -> bool:
+        return self.holds_shards() and all(
+            h.value._hora_process_set is global_process_set and h.value._hora_replicas is None
+            for h in self._sharded().values())
+
+    def take_part(self) -> Any:
+        sharded = self._sharded()
+        if not sharded:
+            return None
+        for handler in sharded.values():
+            handler.save()
+        self._part_taken = True  # save() keeps these
+        return self.snapshot_part()
+
+    def recut(self) -> None:
+        for handler in self._sharded().values():
+            handler.value._hora_recut()
 
     def drop_step_in_flight(self) -> None:
         for handler in self._handlers.values():
