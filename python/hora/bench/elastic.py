@@ -7,7 +7,12 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     the relaunch up to ``hora.init()`` returning and restoring the commit;
     in place (``--elastic-in-place --no-replace``; 2, 3 and 4 ranks) into
     detecting the loss and re-forming the world (until the reset callbacks
-    run), and syncing the state with the redone step. With a replacement
+    run), and syncing the state with the redone step. Sharded (``sharded``:
+    Adam's state sharded, ``sharding="gradients"``, in place without
+    replacement; 2, 3 and 4 ranks; killed 5 steps after a commit): the same
+    split, the survivors going back to that commit from their parts and the
+    buddy copy of the lost rank's, and the mean time of a ``commit()``
+    (which copies each rank's part to the next rank). With a replacement
     (``--elastic-in-place``, 3 ranks, steps slowed to 30 ms so that the job
     outlasts the replacement's start): the time from the replacement
     process's start to its first step in the world, and the survivors'
@@ -53,8 +58,9 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
-    parser.add_argument("--modes", default="relaunch,in-place,replace,grow",
-                        help="recovery: relaunch, in-place, replace and/or grow (default all)")
+    parser.add_argument("--modes", default="relaunch,in-place,sharded,replace,grow",
+                        help="recovery: relaunch, in-place, sharded, replace and/or grow "
+                             "(default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--churn", action="store_true",
@@ -74,7 +80,10 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
                HORA_BENCH_KILL_STEP="30")
     extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
+             "sharded": ["--elastic-in-place", "--no-replace"],
              "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"]}[mode]
+    if mode == "sharded":  # 5 steps after the last commit: those are redone
+        env.update(HORA_BENCH_SHARDING="gradients", HORA_BENCH_KILL_STEP="35")
     if mode in ("replace", "grow"):
         env.update(HORA_BENCH_STEPS="300", HORA_BENCH_STEP_SLEEP="0.03")
     if mode == "grow":
@@ -99,10 +108,14 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     went_on = "joined; " if mode == "grow" else "go on in place"
     if in_place and went_on not in output:
         raise RuntimeError(f"the ranks did not go on in place:\n{output[-4000:]}")
+    if mode == "sharded" and "back to commit 3," not in output:
+        raise RuntimeError(f"the ranks did not go back to the last commit:\n{output[-4000:]}")
     events = {m.group(1): float(m.group(2))
               for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
     needed = ({"relaunch": ["killed", "first_step", "initialized", "restored"],
                "grow": ["slots_added"]}.get(mode, ["killed", "first_step", "reset"]))
+    if mode == "sharded":
+        needed.append("commit_mean")
     if mode in ("replace", "grow"):
         needed += ["joiner_started", "joiner_first_step", "grow_commit", "grown_first_step"]
     if any(name not in events for name in needed):
@@ -119,12 +132,19 @@ def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, 
     else:
         row["kill_to_first_step_s"] = events["first_step"] - events["killed"]
         summary = f"{row['kill_to_first_step_s']:.3f} s from SIGKILL to the first step after it"
-    if mode in ("in-place", "replace"):
+    if mode in ("in-place", "replace", "sharded"):
         settle = events["reset"] - events["killed"]
         redone = events["first_step"] - events["reset"]
         row.update(kill_to_reset_s=settle, redone_step_s=redone)
-        split = (f"{settle * 1e3:.0f} ms to detect and re-form, "
-                 f"{redone * 1e3:.0f} ms to sync and redo the step")
+        if mode == "sharded":
+            split = (f"{settle * 1e3:.0f} ms to detect, re-form and restore the last commit "
+                     f"from the buddy copies, {redone * 1e3:.0f} ms to copy the parts again "
+                     f"and take the first step; steps 30-34 are then redone; a commit took "
+                     f"{events['commit_mean'] * 1e3:.1f} ms on average")
+            row["commit_mean_s"] = events["commit_mean"]
+        else:
+            split = (f"{settle * 1e3:.0f} ms to detect and re-form, "
+                     f"{redone * 1e3:.0f} ms to sync and redo the step")
     elif mode == "relaunch":
         init = events["initialized"] - events["killed"]
         restore = events["restored"] - events["initialized"]
@@ -145,7 +165,7 @@ def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, 
 def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[dict]:
     rows = []
     for mode in modes:
-        for ranks in {"in-place": sizes, "replace": [3]}.get(mode, [2]):
+        for ranks in {"in-place": sizes, "sharded": sizes, "replace": [3]}.get(mode, [2]):
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
                     events = _recovery_job(ranks, mode, folder)

@@ -9,7 +9,10 @@ relaunched, rank 0 of the next world reports init, restore and its first
 step. With HORA_BENCH_GROW_FILE (a discovery script's hosts file) nothing
 is killed: at that step rank 0 writes one more slot into the file and
 reports it, and the new process and the ranks report as for a replacement.
-HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains.
+HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains;
+HORA_BENCH_SHARDING shards Adam's state (``sharding=`` of
+DistributedOptimizer) instead of the plain SGD. Rank 0 reports the mean
+time its ``commit()`` calls took (``commit_mean``).
 
 Under churn (HORA_BENCH_DEADLINE, a time; the bench kills ranks itself,
 HORA_BENCH_KILL_STEP is then ignored) it trains until the deadline and
@@ -51,10 +54,17 @@ JOIN_RESET = 1 if grow_file else 2
 BATCH = 32
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                     named_parameters=model.named_parameters())
+sharding = os.environ.get("HORA_BENCH_SHARDING")
+if sharding:  # Adam: an optimizer state to shard
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.001),
+                                         named_parameters=model.named_parameters(),
+                                         sharding=sharding)
+else:
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, step=0, samples=0)
 last_commit = [0.0]
+commit_seconds: list[float] = []
 
 
 def on_reset():
@@ -102,8 +112,11 @@ def train(state):
         if state.step % 10 == 0:
             last_commit[0] = time.time()
             state.commit()
+            commit_seconds.append(time.time() - last_commit[0])
 
 
 train(state)
+if hvd.rank() == 0 and commit_seconds:
+    event("commit_mean", sum(commit_seconds) / len(commit_seconds))
 if deadline and hvd.rank() == 0:
     print(f"bench-elastic-samples {state.samples} {hvd.size()}", flush=True)
