@@ -491,6 +491,12 @@ def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed,
     assert "back to commit 2, its shards cut again for 3 rank(s)" in output, output
     assert "replacement process(es) joined; 4 ranks" in output, output
     _assert_like_sharded_reference(prefix, reference, 4)
+    # the reset callbacks ran at the loss and at the join, and what they
+    # changed reached the replacement too (which runs none itself)
+    for r in range(4):
+        got = torch.load(f"{prefix}.rank{r}.pt", weights_only=False)
+        assert got["resets_seen"] == 2, (r, got["resets_seen"])
+        assert [g["resets_seen"] for g in got["optimizer"]["param_groups"]] == [2], r
 
 
 @pytest.mark.parametrize("sharding", ["gradients", "parameters"])
@@ -543,4 +549,37 @@ def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(job_env
     worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
               if "sharded world of " in line]
     assert worlds[-1].startswith("4 from epoch 0 batch 4 (launch 1)"), output
+    _assert_like_sharded_reference(prefix, reference, 4)
+
+
+@pytest.mark.parametrize("fault,back_to,worlds", [
+    ({"HORA_TEST_KILL_IN_COPY": "1"}, "epoch 0 batch 2", ["4", "3", "4"]),
+    ({"HORA_TEST_KILL": "3", "HORA_TEST_KILL_IN_RESTORE": "1"}, "epoch 0 batch 4",
+     ["4", "2", "4"])])
+def test_sharded_state_in_place_survives_losses_inside_the_recovery(fault, back_to, worlds,
+                                                                     job_env, tmp_path):
+    """A rank SIGKILLed as it starts copying its part of commit 2 to its
+    neighbour: no survivor finished that copy, so commit 2 is not whole and
+    the 3 survivors go back to commit 1 (epoch 0 batch 2). And a second
+    loss while the survivors of a first one restore: the 2 left still hold
+    every part of commit 2 (rank 1's part on rank 2, rank 3's on rank 0),
+    go back to it, and 2 replacements join. Both end like the uninterrupted
+    run."""
+    job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
+         SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
+         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state"), **fault})
+    assert code == 0, output
+    seen = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+            if "sharded world of " in line]
+    assert [w.split()[0] for w in seen] == worlds, output
+    assert seen[1].startswith(f"{worlds[1]} from {back_to} (launch 0)"), output
+    assert all(w.endswith("(launch 0)") for w in seen), output
     _assert_like_sharded_reference(prefix, reference, 4)

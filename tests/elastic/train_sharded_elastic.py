@@ -40,7 +40,8 @@ optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.0
                                      named_parameters=model.named_parameters(),
                                      sharding=sharding,
                                      **({"model": model} if sharding == "parameters" else {}))
-state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)
+state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0,
+                               resets_seen=0)
 launch = int(os.environ.get("HORA_ELASTIC_RESTARTS", "0"))
 hosts = os.environ.get("HORA_TEST_HOSTS")
 shrink = os.environ.get("HORA_TEST_SHRINK") == "1"
@@ -49,12 +50,48 @@ step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
 
 kill = os.environ.get("HORA_TEST_KILL")
 resets = []
-state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+
+def count_reset():
+    # what a reset callback changes (a plain attribute, an optimizer's
+    # settings) reaches every rank, new processes included
+    resets.append(hvd.size())
+    state.resets_seen += 1
+    for group in optimizer.param_groups:
+        group["resets_seen"] = state.resets_seen
+
+
+state.register_reset_callbacks([count_reset])
 first_world = launch == 0 and "HORA_ELASTIC_JOINER_ID" not in os.environ
 victims = sorted(int(r) for r in kill.split(",")) if kill else []
 if first_world and hvd.rank() in victims:
     with open(f"{os.environ['HORA_TEST_OUT']}.pid{hvd.rank()}", "w") as f:
         f.write(str(os.getpid()))
+
+# Faults inside hora's own recovery machinery, in the first world only:
+# HORA_TEST_KILL_IN_COPY=<rank> SIGKILLs that rank as it starts copying its
+# part of commit 2 to its neighbour; HORA_TEST_KILL_IN_RESTORE=<rank>
+# SIGKILLs that rank of the world re-formed after HORA_TEST_KILL's loss
+# while it restores the last commit (a second loss during recovery).
+in_copy = os.environ.get("HORA_TEST_KILL_IN_COPY")
+in_restore = os.environ.get("HORA_TEST_KILL_IN_RESTORE")
+if first_world and (in_copy or in_restore):
+    from hora.common.elastic import buddy
+
+    exchange, forget_after = buddy.BuddyCopies.exchange, buddy.BuddyCopies.forget_after
+
+    def exchange_or_die(self, commit, part):
+        if in_copy and commit == 2 and not resets and hvd.rank() == int(in_copy):
+            os.kill(os.getpid(), signal.SIGKILL)
+        exchange(self, commit, part)
+
+    def forget_after_or_die(self, commit):
+        if in_restore and not resets and hvd.size() == 3 and hvd.rank() == int(in_restore):
+            os.kill(os.getpid(), signal.SIGKILL)
+        forget_after(self, commit)
+
+    buddy.BuddyCopies.exchange = exchange_or_die
+    buddy.BuddyCopies.forget_after = forget_after_or_die
 
 
 def change_world():
@@ -110,5 +147,6 @@ out = os.environ.get("HORA_TEST_OUT")
 with optimizer.gathered_parameters(writeback=False):
     params = [p.detach().clone() for p in model.parameters()]
 if out:
-    torch.save({"params": params, "size": hvd.size(), "optimizer": full},
+    torch.save({"params": params, "size": hvd.size(), "optimizer": full,
+                "resets_seen": state.resets_seen},
                f"{out}.rank{hvd.rank()}.pt")

@@ -36,8 +36,8 @@ class BuddyCopies:
 
     def exchange(self, commit: int, part: Any) -> None:
         """Collective: keeps ``part`` as this rank's part of ``commit`` and
-        the previous rank's from it, and forgets parts older than the
-        commit before."""
+        the previous rank's from it, and forgets the parts of all but the
+        two newest commits it holds."""
         from hora.common.basics import rank, size
         from hora.common.ops import alltoall
         me, n = rank(), size()
@@ -49,7 +49,8 @@ class BuddyCopies:
                                    name="hora.elastic.buddy")
             self.parts[(commit, n, (me - 1) % n)] = received.tobytes()
         self.parts[(commit, n, me)] = payload
-        for key in [k for k in self.parts if k[0] < commit - 1]:
+        kept = sorted({key[0] for key in self.parts})[-2:]
+        for key in [k for k in self.parts if k[0] not in kept]:
             del self.parts[key]
 
     def inventory(self) -> list[Key]:

@@ -147,10 +147,13 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
         # goes back to the newest commit it holds whole (the buddy copies)
         # and cuts it for its new size. The reset callbacks run after, as
         # after a relaunch, and what they change is kept.
-        _restore_shards(state, store, joining=False)
-        state.on_reset()
-        _recommit(state)
-        what = f"back to commit {state._commits}, its shards cut again for {size()} rank(s)"
+        restored, label = _restore_shards(state, store, joining=growth.joining)
+        if not growth.joining:  # (a process that was joining runs none)
+            state.on_reset()
+        state.save()  # what the callbacks changed, which sync then spreads
+        state.sync_replicated()
+        _recommit(state, store, label)
+        what = f"back to commit {restored}, its shards cut again for {size()} rank(s)"
     else:
         # Every survivor takes the new rank 0's state as it is now (not as
         # last committed): a step that some finished and others did not is
@@ -167,12 +170,14 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
     growth.replace_lost()
 
 
-def _restore_shards(state: Any, store: CommitStore, joining: bool) -> None:
+def _restore_shards(state: Any, store: CommitStore, joining: bool) -> tuple[int, int]:
     """Collective, in a world formed in place with state held in shards:
     every rank takes the newest commit the world holds whole (its parts
     from their holders, the rest from a rank that saved it; see
     :mod:`hora.common.elastic.buddy`), cut for this world. A process that
-    joins holds nothing yet."""
+    joins holds nothing yet. Returns that commit's number, and the number
+    the world commits it again under (newer than any commit a rank made,
+    so that none made before, abandoned or on disk, is taken for it)."""
     from hora.common.basics import rank
     from hora.common.elastic.buddy import choose
     from hora.common.ops import allgather_object, broadcast_object
@@ -195,16 +200,24 @@ def _restore_shards(state: Any, store: CommitStore, joining: bool) -> None:
     state._commits = commit
     state.recut()
     state.restore()
+    return commit, max(saved for saved, _ in reports) + 1
 
 
-def _recommit(state: Any) -> None:
-    """Collective: the state as it is now becomes the last commit again
-    (same number), its parts copied to the neighbouring ranks of this
-    world."""
+def _recommit(state: Any, store: CommitStore, label: int, to_disk: bool = True) -> None:
+    """Collective: the state as it is now becomes commit number ``label``,
+    its parts copied to the neighbouring ranks of this world, and (with
+    ``to_disk``) written to the hosts' disks as any commit."""
+    from hora.common.basics import rank
     part = state.take_part()
     if part is not None:
-        state._buddies.exchange(state._commits, part)
+        state._buddies.exchange(label, part)
     state.save()
+    state._commits = label
+    if to_disk:
+        if store.writer:
+            store.write(label, state.snapshot())
+        if part is not None:
+            store.write_part(label, rank(), part)
 
 
 def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
@@ -218,11 +231,14 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
         return
     store.writer = local_rank() == 0
     if state._buddies is not None:
-        # the commit just made, its shards cut again for the grown world
-        # (the joiners take part; they run no reset callbacks)
-        _restore_shards(state, store, joining=False)
+        # the last commit (at a commit() the one just made), its shards cut
+        # again for the grown world; the joiners take part, run no reset
+        # callbacks and get rank 0's state as the callbacks left it
+        _, label = _restore_shards(state, store, joining=False)
         state.on_reset()
-        _recommit(state)
+        state.save()  # what the callbacks changed, which sync then spreads
+        state.sync_replicated()
+        _recommit(state, store, label)
     else:
         # as in Horovod: the reset callbacks, then rank 0's state
         # everywhere (what the callbacks changed included; the
@@ -253,8 +269,10 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
         world_formed()  # as the world does in Growth.grow
     store.writer = local_rank() == 0
     if state._buddies is not None:
-        _restore_shards(state, store, joining=True)
-        _recommit(state)
+        _, label = _restore_shards(state, store, joining=True)
+        state.save()  # what the callbacks changed, which sync then spreads
+        state.sync_replicated()
+        _recommit(state, store, label)
     else:
         state.sync()
     growth.share(state)
@@ -282,7 +300,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             if job.restarts > 0:
                 state.on_reset()
             if state._buddies is not None:
-                _recommit(state)  # the start is a commit the world holds whole
+                # the start is a commit the world holds whole (on disk already)
+                _recommit(state, store, state._commits, to_disk=False)
         if in_place:
             state._growth_check = growth.ready
             # else new slots mean a relaunch: so do they for state held in
@@ -321,5 +340,6 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         barrier()  # every rank is done before the commit is forgotten
         store.clear()
         state._store = None
+        state._buddies = None
         return result
     return wrapper

@@ -182,6 +182,11 @@ class State:
         :meth:`snapshot_part` would; None when there is none."""
         return None
 
+    def sync_replicated(self) -> None:
+        """Makes every rank's state rank 0's, but for the parts held in
+        shards (their settings, such as the learning rate, included)."""
+        self.sync()
+
     def recut(self) -> None:
         """After :meth:`load_parts`, in a world formed in place: cuts the
         state held in shards again for this world, so that ``restore()``

@@ -32,8 +32,11 @@ class _ModelState:
             self.save()
 
     def save(self) -> None:
+        self.saved = self.capture()
+
+    def capture(self) -> dict[str, Any]:
         with gathered_model(self.value, writeback=False):
-            self.saved = {k: v.detach().clone() for k, v in self.value.state_dict().items()}
+            return {k: v.detach().clone() for k, v in self.value.state_dict().items()}
 
     def restore(self) -> None:
         with gathered_model(self.value, writeback=True):
@@ -57,7 +60,10 @@ class _StateDictState:
         self.save()
 
     def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = self.capture()
+
+    def capture(self) -> Any:
+        return copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self.saved))
@@ -89,7 +95,10 @@ class _ShardedOptimizerState:
         self.save()
 
     def save(self) -> None:
-        self.saved = copy.deepcopy(self.value.sharded_state_dict())
+        self.saved = self.capture()
+
+    def capture(self) -> dict[str, Any]:
+        return copy.deepcopy(self.value.sharded_state_dict())
 
     def restore(self) -> None:
         from hora.torch.sharded_checkpoint import FORMAT
@@ -102,6 +111,14 @@ class _ShardedOptimizerState:
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+    def sync_hyperparameters(self) -> None:
+        """Rank 0's parameter groups' settings (learning rate and the
+        like), everywhere; the state itself stays each rank's shard."""
+        groups = broadcast_object([{k: v for k, v in group.items() if k != "params"}
+                                   for group in self.value.param_groups], root_rank=0)
+        for group, values in zip(self.value.param_groups, groups):
+            group.update(values)
 
     def snapshot(self) -> Any:
         return {_PARTS: self.value._hora_layout.size}
@@ -208,9 +225,12 @@ class TorchState(ObjectState):
 
     def save(self) -> None:
         taken, self._part_taken = getattr(self, "_part_taken", False), False
-        for handler in self._handlers.values():
-            if not (taken and isinstance(handler, _ShardedOptimizerState)):
-                handler.save()
+        # all or nothing: a model held in shards is gathered (collective),
+        # and a rank lost meanwhile must leave the last commit whole
+        captured = {name: handler.capture() for name, handler in self._handlers.items()
+                    if not (taken and isinstance(handler, _ShardedOptimizerState))}
+        for name, value in captured.items():
+            self._handlers[name].saved = value
         super().save()
 
     def holds_shards(self) -> bool:
@@ -248,6 +268,14 @@ class TorchState(ObjectState):
     def sync(self) -> None:
         for handler in self._handlers.values():
             handler.sync()
+        super().sync()
+
+    def sync_replicated(self) -> None:
+        for handler in self._handlers.values():
+            if isinstance(handler, _ShardedOptimizerState):
+                handler.sync_hyperparameters()
+            else:
+                handler.sync()
         super().sync()
 
     def snapshot(self) -> Any:
