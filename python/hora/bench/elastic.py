@@ -32,7 +32,11 @@ commit: ``state.commit()`` of a TorchState whose model has N MB of float32
     of that commit to disk takes.
 
 Runs without a launcher: it starts the recovery job itself.
-    python -m hora.bench elastic [--sizes-mb 1,10,100] [--repeats 3] [--json out.json]
+    python -m hora.bench elastic [--sizes-mb 1,10,100] [--repeats 3] [--cuda] [--json out.json]
+
+With ``--cuda`` the recovery and churn jobs train on the GPU (each rank on
+its local rank's; ranks sharing one GPU stage their collectives through
+host memory, as hora does for any such job).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import time
 from typing import Any
 
 WORKER = os.path.join(os.path.dirname(__file__), "elastic_worker.py")
+_CUDA = False  # --cuda: the jobs' workers train on the GPU
 
 
 def build_parser():
@@ -71,6 +76,8 @@ def build_parser():
                         help="churn: seconds between kills (default 20)")
     parser.add_argument("--skip-recovery", action="store_true",
                         help="measure the cost of commit() only")
+    parser.add_argument("--cuda", action="store_true",
+                        help="recovery and churn: the jobs train on the GPU")
     parser.add_argument("--json", help="write the results to this file")
     return parser
 
@@ -78,7 +85,7 @@ def build_parser():
 def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     in_place = mode != "relaunch"
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
-               HORA_BENCH_KILL_STEP="30")
+               HORA_BENCH_KILL_STEP="30", HORA_BENCH_CUDA="1" if _CUDA else "0")
     extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
              "sharded": ["--elastic-in-place", "--no-replace"],
              "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"]}[mode]
@@ -198,7 +205,8 @@ def _churn_job(mode: str, seconds: float, every: float, folder: str) -> dict[str
     launched = time.time()
     deadline = launched + seconds
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
-               HORA_BENCH_DEADLINE=f"{deadline:.3f}", HORA_BENCH_STEP_SLEEP="0.05")
+               HORA_BENCH_DEADLINE=f"{deadline:.3f}", HORA_BENCH_STEP_SLEEP="0.05",
+               HORA_BENCH_CUDA="1" if _CUDA else "0")
     # (relaunched, a world that fails within a minute counts against its
     # host; three in a row would leave this machine out)
     extra = (["--min-np", "3", "--blacklist-cooldown-range", "1", "1"] if mode == "relaunch"
@@ -290,8 +298,10 @@ def measure_commit(sizes_mb: list[float], repeats: int) -> list[dict]:
 
 
 def main(argv=None):
+    global _CUDA
     args = build_parser().parse_args(argv)
-    results = {"benchmark": "elastic"}
+    _CUDA = args.cuda
+    results: dict[str, Any] = {"benchmark": "elastic", "cuda": args.cuda}
     if not args.skip_recovery:
         print("# elastic recovery: the last rank SIGKILLed at step 30 (grow: a slot added "
               "then)", flush=True)

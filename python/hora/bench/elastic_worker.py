@@ -11,7 +11,8 @@ is killed: at that step rank 0 writes one more slot into the file and
 reports it, and the new process and the ranks report as for a replacement.
 HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains;
 HORA_BENCH_SHARDING shards Adam's state (``sharding=`` of
-DistributedOptimizer) instead of the plain SGD. Rank 0 reports the mean
+DistributedOptimizer) instead of the plain SGD; HORA_BENCH_CUDA=1 trains on
+the GPU (the local rank's, modulo the GPUs there are). Rank 0 reports the mean
 time its ``commit()`` calls took (``commit_mean``).
 
 Under churn (HORA_BENCH_DEADLINE, a time; the bench kills ranks itself,
@@ -53,7 +54,12 @@ grow_file = os.environ.get("HORA_BENCH_GROW_FILE")
 JOIN_RESET = 1 if grow_file else 2
 BATCH = 32
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+device = torch.device("cpu")
+if os.environ.get("HORA_BENCH_CUDA") == "1":
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                            torch.nn.Linear(256, 1)).to(device)
 sharding = os.environ.get("HORA_BENCH_SHARDING")
 if sharding:  # Adam: an optimizer state to shard
     optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.001),
@@ -98,7 +104,7 @@ def train(state):
                 event("killed")
                 os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(step_sleep)
-        x = torch.randn(BATCH, 64)
+        x = torch.randn(BATCH, 64, device=device)
         optimizer.zero_grad()
         model(x).pow(2).mean().backward()
         optimizer.step()
