@@ -276,17 +276,19 @@ def test_discovery_grows_the_world_in_place(fault, job_env, tmp_path):
     assert code == 0, output
     assert ("horarun: more slots found (localhost:3); 1 new process(es) join the world in "
             "place at a commit") in output, output
-    assert "horarun: replacement process 2 started" in output, output
-    assert "replacement process(es) joined; 3 ranks go on in place" in output, output
     assert "elastic reset" not in output and "world 2:" not in output, output
     results = _params(prefix, 3)
     assert all(r["size"] == 3 for r in results)
     joiners = [r["joiner"] for r in results]
     if fault:  # the lost rank's replacement, and the new slot's process
         assert "horarun: rank 0 on host" in output, output
-        assert "horarun: replacement process 3 started" in output, output
+        assert "horarun: replacement process 2 started" in output, output
+        assert "horarun: new process 3 started" in output, output
+        assert "process(es) joined; 3 ranks go on in place" in output, output
         assert joiners[0] is None and sorted(joiners[1:]) == ["2", "3"], output
     else:
+        assert "horarun: new process 2 started" in output, output
+        assert "new process(es) joined; 3 ranks go on in place" in output, output
         assert joiners == [None, None, "2"]
     _assert_same(results[1:], results)
 
@@ -523,7 +525,8 @@ def test_sharded_job_grows_in_place_from_host_discovery(sharding, job_env, tmp_p
               if "sharded world of " in line]
     assert [w.split()[0] for w in worlds] == ["3", "4"], output
     assert all(w.endswith("(launch 0)") for w in worlds), output
-    assert "replacement process(es) joined; 4 ranks" in output, output
+    assert "horarun: new process 3 started" in output, output
+    assert "new process(es) joined; 4 ranks" in output, output
     _assert_like_sharded_reference(prefix, reference, 4)
 
 

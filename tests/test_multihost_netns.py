@@ -231,8 +231,8 @@ def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path):
     output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, ["--elastic-in-place"], changes)
     assert ("horarun: more slots found (ns-a:1, ns-b:1); 1 new process(es) join the world in "
             "place at a commit") in output, output[-20000:]
-    assert "horarun: replacement process 1 started on host ns-b" in output, output[-20000:]
-    assert "replacement process(es) joined; 2 ranks go on in place" in output, output[-20000:]
+    assert "horarun: new process 1 started on host ns-b" in output, output[-20000:]
+    assert "new process(es) joined; 2 ranks go on in place" in output, output[-20000:]
     assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
     results = _same_parameters(tmp_path, 2)
     assert [result["joiner"] for result in results] == [None, "1"]

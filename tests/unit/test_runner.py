@@ -252,6 +252,17 @@ def test_a_replacement_is_known_by_its_id_and_sees_its_rank_in_the_world_it_join
         rank_exec.joiner_info({"HORA_ELASTIC_JOINER_ID": "x"}, 0, 1, 0, 1)
 
 
+def test_the_last_processes_a_world_starts_together_fill_its_new_slots():
+    # 3 started together: one for a lost rank, then two for new slots
+    env = {"HORA_ELASTIC_JOINER_NEW": "2"}
+    assert [rank_exec.is_new_slot(env, r, 3) for r in range(3)] == [False, True, True]
+    assert not rank_exec.is_new_slot({}, 0, 1)
+    for kind in ("new", "replacement"):
+        marker = markers.Marker("started", 4, "vm", kind)
+        assert markers.decode(markers.encode(marker)) == marker
+    assert markers.decode(markers.encode(markers.Marker("started", 1, "vm"))).outcome == ""
+
+
 def test_rank_info_from_hydra():
     env = {"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
     assert rank_exec.rank_info(env) == (2, 3, 0, 1)

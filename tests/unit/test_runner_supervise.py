@@ -22,6 +22,8 @@ def fake_mpirun(body):
                 fields += [outcome, repr(time.time() if at is None else at)]
             elif event == "raised":
                 fields += [repr(time.time() if at is None else at), outcome or "own"]
+            elif outcome:  # started: new / replacement
+                fields.append(outcome)
             line = {markers._LEAD!r} + " ".join(fields).encode() + b"\\n"
             sys.stdout.buffer.write(line); sys.stdout.buffer.flush()
     """)
@@ -309,6 +311,10 @@ def test_in_place_a_job_ends_well_when_every_rank_and_replacement_left_ends_well
     assert outcome.code == 0, outcome.message
     assert "horarun: replacement process 2 started on host host2" in log
     assert "ranks 0, 2 finished in place" in outcome.message
+    # a process a world started for a new slot says so
+    _, _, _, log, _ = run(body.replace('emit("started", 2)', 'emit("started", 2, "new")'),
+                          in_place=True)
+    assert "horarun: new process 2 started on host host2" in log
     # a replacement that failed, as its peers went on, does not fail the job
     outcome, *_ = run(body.replace('emit("exited", 2, "code=0")',
                                    'emit("exited", 2, "signal=SIGKILL")'), in_place=True)

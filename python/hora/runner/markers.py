@@ -5,10 +5,12 @@ they reach horarun from every host without a network channel of their own.
 horarun takes them out of the stream; users never see them.
 
 A marker is one line: a record-separator byte, ``hora-runner``, the event
-(``started``, ``raised`` or ``exited``), the rank, the host, for ``exited``
-the outcome (``code=N`` or ``signal=NAME``), and for ``raised`` and
-``exited`` the time (seconds since the epoch): the order in which markers
-reach horarun from several hosts is not the order in which ranks failed.
+(``started``, ``raised`` or ``exited``), the rank, the host, for a
+``started`` process that an in-place elastic world started whether it is
+``new`` (a new slot's) or a ``replacement``, for ``exited`` the outcome
+(``code=N`` or ``signal=NAME``), and for ``raised`` and ``exited`` the
+time (seconds since the epoch): the order in which markers reach horarun
+from several hosts is not the order in which ranks failed.
 ``raised`` says when the rank's program met an exception it did not catch
 (hora reports it; see ``hora.common.failure_report``), and whether the
 error was its own or came from a peer (``own`` or ``peer``, in the outcome
@@ -35,7 +37,10 @@ class Marker:
     event: str
     rank: int
     host: str
-    outcome: str = ""  # "code=N" or "signal=NAME" for "exited", "own"/"peer"/"peer=N" for "raised"
+    # "code=N" or "signal=NAME" for "exited", "own"/"peer"/"peer=N" for
+    # "raised"; for "started", "new" or "replacement" for a process an
+    # in-place elastic world started (a new slot's, a lost rank's), else ""
+    outcome: str = ""
     time: float = 0.0  # when it exited ("exited") or raised ("raised")
 
     def describe(self):
@@ -63,7 +68,9 @@ class Marker:
 
 def encode(marker):
     fields = [marker.event, str(marker.rank), marker.host]
-    if marker.event == "exited":
+    if marker.event == "started" and marker.outcome:
+        fields.append(marker.outcome)  # new / replacement: started in place
+    elif marker.event == "exited":
         fields += [marker.outcome, f"{marker.time:.6f}"]
     elif marker.event == "raised":
         fields += [f"{marker.time:.6f}", marker.outcome or "own"]
@@ -77,8 +84,8 @@ def decode(line):
         return None
     fields = line[len(_LEAD):].decode(errors="replace").split()
     try:
-        if fields[0] == "started" and len(fields) == 3:
-            return Marker("started", int(fields[1]), fields[2])
+        if fields[0] == "started" and len(fields) in (3, 4):
+            return Marker("started", int(fields[1]), fields[2], *fields[3:])
         if fields[0] == "exited" and len(fields) == 5:
             return Marker("exited", int(fields[1]), fields[2], fields[3], float(fields[4]))
         if fields[0] == "raised" and len(fields) == 5:

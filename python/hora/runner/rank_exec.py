@@ -99,6 +99,16 @@ def joiner_info(env, rank, size, local_rank, local_size):
                              local_size)
 
 
+def is_new_slot(env, rank, size):
+    """Whether the process ``rank`` of ``size`` started together by an
+    in-place elastic world fills a new slot (rather than a lost rank's)."""
+    try:
+        new = int(env.get("HORA_ELASTIC_JOINER_NEW", "0") or 0)
+    except ValueError:
+        raise RankEnvError("HORA_ELASTIC_JOINER_NEW is not a whole number") from None
+    return rank >= size - new
+
+
 def thread_share(env, local_size):
     """OMP_NUM_THREADS for a rank, unless it has one (the user's, or
     horarun's on one host): its share of this host's cores, among the
@@ -273,13 +283,16 @@ def main(argv=None):
     except RankEnvError as exc:
         print(f"hora.runner.rank_exec: {exc}", file=sys.stderr)
         return 2
+    kind = ""
     if joiner is not None:
         # horarun knows this process by its id; its program by its rank in
-        # the world it joins
+        # the world it joins; the last HORA_ELASTIC_JOINER_NEW of those
+        # started together fill new slots, the others replace lost ranks
+        kind = "new" if is_new_slot(os.environ, *place[:2]) else "replacement"
         rank, place = joiner
     prefix = f"[{rank}] ".encode()
     host = host_name()
-    _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host)))
+    _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host, kind)))
 
     env = dict(os.environ)
     # The PATH of the shell that ran horarun (see hora.runner.cli.rank_path):

@@ -182,8 +182,8 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
                 started.add(value.rank)
                 hosts[value.rank] = value.host
                 if value.rank >= num_proc:  # started by the world, in place
-                    log(f"horarun: replacement process {value.rank} started on host "
-                        f"{value.host}")
+                    what = "new" if value.outcome == "new" else "replacement"
+                    log(f"horarun: {what} process {value.rank} started on host {value.host}")
             elif value.event == "exited":
                 exited.add(value.rank)
             elif value.event == "raised":

@@ -72,6 +72,10 @@ class Growth:
         # the id the next replacement gets (made the same on every rank when
         # a world grows)
         self.next_id = self.target
+        # of the processes still to start, how many fill new slots (the
+        # others replace lost ranks), and how many the spawn under way does
+        self.new_slots = 0
+        self.in_flight_new = 0
         self.failures = 0
         self.env = env
         # a replacement that has not yet taken the state
@@ -89,7 +93,8 @@ class Growth:
         from hora.common.basics import rank
         if update["grow"] <= self.target:
             return
-        self.target = max(self.target, update["grow"])
+        self.new_slots += update["grow"] - self.target
+        self.target = update["grow"]
         self.place += update["place"]
         self.add += update["add"]
         self.failures = 0
@@ -107,6 +112,8 @@ class Growth:
         place, add = self.in_flight
         self.place, self.add = place + self.place, add + self.add
         self.in_flight = ([], [])
+        self.new_slots += self.in_flight_new
+        self.in_flight_new = 0
 
     def _placed(self, missing: int) -> tuple[int, list[tuple[str, str]]]:
         """How many of ``missing`` processes to start now, and the spawn's
@@ -145,7 +152,11 @@ class Growth:
         env = {k: v for k, v in self.env.items()
                if not k.startswith(_OWN_PREFIXES) and k not in _OWN_NAMES}
         count, info = self._placed(missing)
+        new = min(count, self.new_slots)
+        self.new_slots -= new
+        self.in_flight_new = new
         env["HORA_ELASTIC_JOINER_ID"] = str(self.next_id)
+        env["HORA_ELASTIC_JOINER_NEW"] = str(new)  # the last ones started
         env["HORA_ELASTIC_JOINER_RANK"] = str(size())
         # the wrapper's rank variables say the size of the world they join
         env["HORA_ELASTIC_TARGET_SIZE"] = str(size() + count)
@@ -155,7 +166,7 @@ class Growth:
         self.next_id += count
         if rank() == 0:
             where = "".join(f" on {value}" for key, value in info if key == "host")
-            print(f"hora.elastic: starting {count} replacement process(es){where}",
+            print(f"hora.elastic: starting {_processes(count, new)}{where}",
                   file=sys.stderr, flush=True)
 
     @staticmethod
@@ -186,6 +197,7 @@ class Growth:
             return None
         self.failures = 0
         self.in_flight = ([], [])  # placed, and the hosts are the job's now
+        self.in_flight_new = 0
         world_formed()
         return seconds
 
@@ -195,8 +207,17 @@ class Growth:
         host change heard become rank 0's (a replacement knows none of them
         for sure)."""
         from hora.common.ops import broadcast_object
-        (self.next_id, state._commits, self.target, self.place, self.add,
+        (self.next_id, state._commits, self.target, self.place, self.add, self.new_slots,
          state._last_updated_timestamp) = broadcast_object(
-            (self.next_id, state._commits, self.target, self.place, self.add,
+            (self.next_id, state._commits, self.target, self.place, self.add, self.new_slots,
              state._last_updated_timestamp), root_rank=0, name="hora.elastic.grown")
         self.joining = False
+
+
+def _processes(count: int, new: int) -> str:
+    """'2 replacement process(es)', '1 new process(es)', or both."""
+    if new == 0:
+        return f"{count} replacement process(es)"
+    if new == count:
+        return f"{count} new process(es)"
+    return f"{count} process(es) ({count - new} replacement(s), {new} new)"

@@ -225,6 +225,7 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     world of the ranks and the replacements, which take rank 0's state."""
     from hora.common.basics import local_rank, rank, size
     state._growth_found = None
+    new, before = growth.in_flight_new, size()
     seconds = growth.grow()  # a failed start fails here too, alike everywhere
     if seconds is None:
         growth.replace_lost()  # tried again, a few times
@@ -248,7 +249,9 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
         state.sync()
     growth.share(state)
     if rank() == 0:
-        print(f"hora.elastic: replacement process(es) joined; {size()} ranks go on in place "
+        which = ("replacement" if new == 0 else "new" if new == size() - before
+                 else "new and replacement")
+        print(f"hora.elastic: {which} process(es) joined; {size()} ranks go on in place "
               f"(world re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
     growth.replace_lost()  # what a growth under way did not cover
 
