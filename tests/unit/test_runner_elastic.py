@@ -3,6 +3,7 @@ blacklist, the state directory, and the elastic loop with launches that
 are faked (the real thing runs in tests/test_elastic_jobs.py)."""
 
 import os
+import socket
 
 import pytest
 
@@ -351,3 +352,15 @@ def test_elastic_in_place_turns_on_elastic_mode_and_reaches_the_ranks():
                 lambda n, hosts, extra: seen.append(extra) or supervise.Outcome(0), {}, ["x"],
                 print)
     assert not relaunching.in_place and "HORA_ELASTIC_IN_PLACE" not in seen[1]
+
+
+def test_a_failed_process_is_blamed_on_the_host_it_ran_on_as_discovery_names_it():
+    world = [Host("ns-a", 2)]
+    grown = [Host("ns-a", 2), Host("ns-b", 1)]
+    assert elastic._host_of(world, 1, "ns-a.example", grown) == "ns-a"  # by launch order
+    # started in place on the host the job grew onto, not the launch's last
+    assert elastic._host_of(world, 2, "ns-b.example", grown) == "ns-b"
+    # this machine, which discovery calls localhost
+    local = [Host("localhost", 2)]
+    assert elastic._host_of(local, 3, socket.gethostname(), local) == "localhost"
+    assert elastic._host_of(world, 5, "elsewhere", grown) == "elsewhere"

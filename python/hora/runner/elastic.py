@@ -252,6 +252,8 @@ class _Watcher:
     def __init__(self, discovery, blacklist, options, world, notifier, log):
         self._stop = threading.Event()
         self.changed = None
+        # the hosts of the job, those it grew onto in place included
+        self.world = list(world)
         self._args = (discovery, blacklist, options, world, notifier, log)
         self._thread = threading.Thread(target=self._watch, daemon=True, name="horarun-discovery")
         self._thread.start()
@@ -279,6 +281,7 @@ class _Watcher:
                     f"process(es) join the world in place at a commit")
                 world, size = grown, capacity
                 names = {h.name for h in world}
+                self.world = list(world)
                 continue
             if gone or capacity != size:
                 self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone
@@ -381,7 +384,8 @@ def run(options: ElasticOptions, discovery: Discovery,
                     blacklist.record(host, False, log)
                 start_retry = backoff
             elif failure is not None:
-                blacklist.record(_host_of(world, failure.rank), ran > HEALTHY_RUN_S, log)
+                blacklist.record(_host_of(world, failure.rank, failure.host, watcher.world),
+                                 ran > HEALTHY_RUN_S, log)
         previous_retry = start_retry
         resets += 1
         if options.reset_limit is not None and resets > options.reset_limit:
@@ -391,13 +395,27 @@ def run(options: ElasticOptions, discovery: Discovery,
         log(f"horarun: elastic reset {resets}: {cause}")
 
 
-def _host_of(world: list[hostlib.Host], rank: int) -> str:
-    """The host (as discovery or -H names it) that ``rank`` runs on: mpirun
-    fills the hosts in order."""
+def _host_of(world: list[hostlib.Host], rank: int, reported: str | None = None,
+             grown: list[hostlib.Host] | None = None) -> str:
+    """The host (as discovery or -H names it) that process ``rank`` runs
+    on: mpirun fills the launch's hosts in order. A process that a world
+    started in place (an id past the launch's) ran where its wrapper
+    ``reported``: matched among the hosts of the job (``grown``: with those
+    it grew onto), this machine's own name being its local one."""
     for host in world:
         if rank < host.slots:
             return host.name
         rank -= host.slots
+    hosts = grown or world
+    if reported:
+        for host in hosts:
+            if hostlib.same_host(host.name, reported):
+                return host.name
+        if hostlib.same_host(reported, socket.gethostname()):
+            local = [h.name for h in hosts if h.name in LOCAL_NAMES]
+            if local:
+                return local[0]
+        return reported
     return world[-1].name if world else "?"
 
 
