@@ -409,6 +409,24 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
 SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
 
 
+def _sharded_reference(job_env, tmp_path):
+    """The uninterrupted 4-rank run's output prefix."""
+    reference = str(tmp_path / "ref")
+    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
+                            {"HORA_TEST_OUT": reference})
+    assert code == 0, output
+    return reference
+
+
+def _sharded_in_place(job_env, tmp_path, prefix, extra):
+    """4 ranks of the sharded script under --elastic-in-place (2 to 4),
+    writing to ``prefix``."""
+    return _horarun(["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place",
+                     sys.executable, SHARDED], job_env, tmp_path,
+                    {"HORA_TEST_OUT": prefix, "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state"),
+                     **extra})
+
+
 @pytest.mark.parametrize("sharding", ["gradients", "parameters"])
 def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_path):
     """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
@@ -418,10 +436,7 @@ def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_p
     4-rank run (the same averaged gradients every step; sums of 3 ranks
     add in another order, so not bit for bit)."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+    reference = _sharded_reference(job_env, tmp_path)
     script, hosts = _discovery(tmp_path, "localhost:4\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
@@ -474,16 +489,10 @@ def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed,
     later and gets its share of the state; no relaunch, and the run ends
     like the uninterrupted 4-rank run."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+    reference = _sharded_reference(job_env, tmp_path)
     prefix = str(tmp_path / "out")
-    code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
-         SHARDED], job_env, tmp_path,
-        {"HORA_TEST_OUT": prefix, "HORA_TEST_KILL": str(killed), "HORA_TEST_STEP_SLEEP": "0.15",
-         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    code, output = _sharded_in_place(job_env, tmp_path, prefix, {
+        "HORA_TEST_KILL": str(killed), "HORA_TEST_STEP_SLEEP": "0.15"})
     assert code == 0, output
     worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
               if "sharded world of " in line]
@@ -509,10 +518,7 @@ def test_sharded_job_grows_in_place_from_host_discovery(sharding, job_env, tmp_p
     commit just made for 4 (stage 3: the weights too). No relaunch; the
     run ends like an uninterrupted 4-rank run."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+    reference = _sharded_reference(job_env, tmp_path)
     script, hosts = _discovery(tmp_path, "localhost:3\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
@@ -537,16 +543,10 @@ def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(job_env
     from the commit's parts on disk. The run ends like the uninterrupted
     one."""
     job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+    reference = _sharded_reference(job_env, tmp_path)
     prefix = str(tmp_path / "out")
-    code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
-         SHARDED], job_env, tmp_path,
-        {"HORA_TEST_OUT": prefix, "HORA_TEST_KILL": "2,3", "HORA_TEST_STEP_SLEEP": "0.15",
-         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    code, output = _sharded_in_place(job_env, tmp_path, prefix, {
+        "HORA_TEST_KILL": "2,3", "HORA_TEST_STEP_SLEEP": "0.15"})
     assert code == 0, output
     assert "no commit is held whole by the ranks left" in output, output
     worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
@@ -569,16 +569,10 @@ def test_sharded_state_in_place_survives_losses_inside_the_recovery(fault, back_
     go back to it, and 2 replacements join. Both end like the uninterrupted
     run."""
     job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+    reference = _sharded_reference(job_env, tmp_path)
     prefix = str(tmp_path / "out")
-    code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place", sys.executable,
-         SHARDED], job_env, tmp_path,
-        {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
-         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state"), **fault})
+    code, output = _sharded_in_place(job_env, tmp_path, prefix,
+                                     {"HORA_TEST_STEP_SLEEP": "0.3", **fault})
     assert code == 0, output
     seen = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
             if "sharded world of " in line]
