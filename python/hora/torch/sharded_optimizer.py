@@ -167,8 +167,7 @@ class _ShardedOptimizer(SynchronizeSwitch):
         if self._hora_shards is not None:
             self._hora_shards.detach()
             self._hora_shards = None
-        self._hora_reset_step()
-        self._hora_synchronized = self._hora_clipped = False
+        self._hora_drop_step()
         self._hora_loaded = None
         self.state = collections.defaultdict(dict)
         self._hora_cut(broadcast_root=False)

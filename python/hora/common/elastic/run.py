@@ -150,9 +150,7 @@ def _reform_in_place(state: Any, store: CommitStore, error: BaseException,
         restored, label = _restore_shards(state, store, joining=growth.joining)
         if not growth.joining:  # (a process that was joining runs none)
             state.on_reset()
-        state.save()  # what the callbacks changed, which sync then spreads
-        state.sync_replicated()
-        _recommit(state, store, label)
+        _settle(state, store, label)
         what = f"back to commit {restored}, its shards cut again for {size()} rank(s)"
     else:
         # Every survivor takes the new rank 0's state as it is now (not as
@@ -220,6 +218,15 @@ def _recommit(state: Any, store: CommitStore, label: int, to_disk: bool = True) 
             store.write_part(label, rank(), part)
 
 
+def _settle(state: Any, store: CommitStore, label: int) -> None:
+    """Collective, after :func:`_restore_shards` and the reset callbacks
+    (on the ranks that run them): rank 0's state as the callbacks left it
+    everywhere, committed again as ``label``."""
+    state.save()  # what the callbacks changed, which sync then spreads
+    state.sync_replicated()
+    _recommit(state, store, label)
+
+
 def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     """At a commit, with the replacements ready (or failed to start): the
     world of the ranks and the replacements, which take rank 0's state."""
@@ -237,9 +244,7 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
         # callbacks and get rank 0's state as the callbacks left it
         _, label = _restore_shards(state, store, joining=False)
         state.on_reset()
-        state.save()  # what the callbacks changed, which sync then spreads
-        state.sync_replicated()
-        _recommit(state, store, label)
+        _settle(state, store, label)
     else:
         # as in Horovod: the reset callbacks, then rank 0's state
         # everywhere (what the callbacks changed included; the
@@ -273,9 +278,7 @@ def _join(state: Any, store: CommitStore, growth: Growth) -> None:
     store.writer = local_rank() == 0
     if state._buddies is not None:
         _, label = _restore_shards(state, store, joining=True)
-        state.save()  # what the callbacks changed, which sync then spreads
-        state.sync_replicated()
-        _recommit(state, store, label)
+        _settle(state, store, label)
     else:
         state.sync()
     growth.share(state)

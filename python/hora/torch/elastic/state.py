@@ -26,9 +26,10 @@ class _ModelState:
     def __init__(self, model: torch.nn.Module):
         self.value = model
         self.saved: dict[str, Any] = {}
-        # a process waiting to join an elastic world in place cannot gather
-        # sharded weights yet; it takes the world's state when it joins
-        if not (_C.joining() and _holds_shards(model)):
+        # a process waiting to join an elastic world in place takes no part
+        # in collectives (sharded weights are gathered) and takes the
+        # world's state when it joins
+        if not _C.joining():
             self.save()
 
     def save(self) -> None:
@@ -45,10 +46,6 @@ class _ModelState:
     def sync(self) -> None:
         with gathered_model(self.value, writeback=True):
             broadcast_parameters(self.value.state_dict(), root_rank=0)
-
-
-def _holds_shards(model: torch.nn.Module) -> bool:
-    return any(getattr(p, "_hora_shards", None) is not None for p in model.parameters())
 
 
 class _StateDictState:
@@ -213,6 +210,7 @@ class TorchState(ObjectState):
         kwargs.update({k: v for k, v in (("model", model), ("optimizer", optimizer))
                        if v is not None})
         self._handlers: dict[str, Any] = {}
+        self._part_taken = False  # take_part() saved the shards for the next save()
         plain: dict[str, Any] = {}
         for name, value in kwargs.items():
             handler = _handler(value)
@@ -224,7 +222,7 @@ class TorchState(ObjectState):
         super().__init__(bcast_object=broadcast_object, **plain)
 
     def save(self) -> None:
-        taken, self._part_taken = getattr(self, "_part_taken", False), False
+        taken, self._part_taken = self._part_taken, False
         # all or nothing: a model held in shards is gathered (collective),
         # and a rank lost meanwhile must leave the last commit whole
         captured = {name: handler.capture() for name, handler in self._handlers.items()
