@@ -178,13 +178,16 @@ void RegisterRuntime(py::module_& m) {
   m.def("cross_size", [] { return Topo().cross_size; });
   m.def("is_homogeneous", [] { return Topo().homogeneous; });
   m.def("transport", [] { return CurrentEngine()->TransportDescription(); });
-  m.def("finalize_mpi", [] {
-    {
-      py::gil_scoped_release release;
-      runtime::FinalizeProcess();
-    }
-    ReleaseFinishedOrphans();
-  });
+  m.def(
+      "finalize_mpi",
+      [](int exit_code) {
+        {
+          py::gil_scoped_release release;
+          runtime::FinalizeProcess(exit_code);
+        }
+        ReleaseFinishedOrphans();
+      },
+      py::arg("exit_code") = 0);
   m.def("build_info", &BuildInfo);
   m.def(
       "start_timeline",

@@ -16,7 +16,8 @@ the optimizer's not); "in-sync" SIGKILLs rank <rank> while it takes part in
 a state sync after <batch> reset callbacks (in place: 1 after a loss, 2
 after a replacement then joined), with the same split. At the end every
 rank saves its parameters (and whether it was a replacement) to
-HORA_TEST_OUT.rank<N>.pt.
+HORA_TEST_OUT.rank<N>.pt. HORA_TEST_LINGER="<rank>:<seconds>" keeps that
+rank of the last world busy for that long after it is done, before it exits.
 """
 
 import os
@@ -133,3 +134,6 @@ if out:
                 "size": hvd.size(), "resets": state.resets, "joiner": JOINER_ID},
                f"{out}.rank{hvd.rank()}.pt")
 print(f"rank {hvd.rank()} done", file=sys.stderr, flush=True)
+linger = os.environ.get("HORA_TEST_LINGER")
+if linger and int(linger.split(":")[0]) == hvd.rank():
+    time.sleep(float(linger.split(":")[1]))

@@ -18,6 +18,12 @@ highest kills the others): in place the others
 go on from the last commit and a replacement joins later. At the end every
 rank saves its parameters and the full optimizer state to
 HORA_TEST_OUT.rank<N>.pt.
+
+HORA_TEST_AWAIT_SIZE=<n>: a world smaller than n that reaches the last
+epoch waits there for new processes to join, committing every 0.25 s (a
+join happens at a commit), for at most 120 s; so a slow start of a
+replacement cannot let the run end before it joins. The wait is counted
+in rounds, not read from a clock, so every rank commits as often.
 """
 
 import os
@@ -46,6 +52,7 @@ launch = int(os.environ.get("HORA_ELASTIC_RESTARTS", "0"))
 hosts = os.environ.get("HORA_TEST_HOSTS")
 shrink = os.environ.get("HORA_TEST_SHRINK") == "1"
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
+await_size = int(os.environ.get("HORA_TEST_AWAIT_SIZE", "0"))
 
 
 kill = os.environ.get("HORA_TEST_KILL")
@@ -116,6 +123,14 @@ def change_world():
             f.write(f"localhost:{hvd.size() + 1}\n")
 
 
+def await_growth():
+    if state.epoch == EPOCHS - 1 and state.batch == 0 and hvd.size() < await_size:
+        for _ in range(480):
+            time.sleep(0.25)
+            state.commit()  # a join interrupts this, and train() starts again
+        raise RuntimeError(f"no process joined the world of {hvd.size()} in 120 s")
+
+
 @hvd.elastic.run
 def train(state):
     if hvd.rank() == 0:
@@ -123,6 +138,7 @@ def train(state):
               f"(launch {launch})", flush=True)
     while state.epoch < EPOCHS:
         while state.batch < BATCHES:
+            await_growth()
             change_world()
             time.sleep(step_sleep)
             generator = torch.Generator().manual_seed(state.epoch * 1000 + state.batch)

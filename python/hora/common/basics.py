@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -212,6 +213,19 @@ def mpi_threads_supported() -> bool:
     return True
 
 
-# Shut down cleanly at exit so peers see an orderly shutdown rather than a
-# lost connection, and finalize MPI if hora initialized it.
-atexit.register(_C.finalize_mpi)
+def _finalize_at_exit():
+    """Shut down cleanly at exit so peers see an orderly shutdown rather than
+    a lost connection, and finalize MPI if hora initialized it. After lost
+    ranks a finalize that does not return ends the process (see
+    runtime.h): Python's buffered output goes first, and the status is 1
+    when the program ends on an exception it did not catch."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    _C.finalize_mpi(1 if failed is not None else 0)
+
+
+atexit.register(_finalize_at_exit)
