@@ -135,7 +135,7 @@ def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_pat
 def test_survivors_end_when_finalize_waits_for_the_lost_rank(job_env, tmp_path):
     """After a loss in place, MPI_Finalize waits in a PMIx fence that names
     the lost rank too, and Open MPI sometimes never lets it return. Here
-    rank 0 stays busy for 25 s after training, so rank 1 waits in that
+    rank 0 stays busy for 15 s after training, so rank 1 waits in that
     fence: after the grace period (10 s) it ends without it, saying so,
     with the status its program ended with, and the job succeeds."""
     prefix = str(tmp_path / "out")
@@ -143,7 +143,7 @@ def test_survivors_end_when_finalize_waits_for_the_lost_rank(job_env, tmp_path):
         ["-np", "3", "--min-np", "2", "--elastic-in-place", "--no-replace", sys.executable,
          SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": "0:2:1:6:kill",
-                   "HORA_TEST_LINGER": "0:25",
+                   "HORA_TEST_LINGER": "0:15",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
     assert ("[1] [hora rank 1] WARNING runtime.cc" in output and "MPI_Finalize has not returned "

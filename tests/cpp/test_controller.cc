@@ -509,6 +509,42 @@ TEST(Controller, EvictionSendsAParkedRequestToTheCoordinator) {
   EXPECT_FALSE(out[0][2].unsent);
 }
 
+TEST(Controller, AResultHandedInAgainHoldsOnlyItsNewCycle) {
+  // One CycleResult per rank, used for three cycles: 0 runs a and rank 1
+  // asks to shut down; 1 has nothing and nobody asks; 2 runs b.
+  auto comms = LocalCommunicator::CreateWorld(2);
+  comms[0]->SetTimeout(std::chrono::milliseconds(5000));
+  std::vector<std::vector<std::string>> seen(2);
+  std::vector<Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Timeline timeline;
+      Controller controller(comms[r].get(), TestConfig(), &timeline);
+      CycleResult result;
+      for (int c = 0; c < 3 && status[r].ok(); ++c) {
+        std::vector<Request> requests;
+        if (c == 0) requests.push_back(Req("a", {1}));
+        if (c == 2) requests.push_back(Req("b", {1}));
+        status[r] = controller.RunCycle(std::move(requests), c == 0 && r == 1, false, false,
+                                        false, &result);
+        seen[r].push_back(Describe(result));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r].message();
+    ASSERT_EQ(seen[r].size(), 3u);
+    EXPECT_NE(seen[r][0].find("[a "), std::string::npos) << seen[r][0];
+    EXPECT_NE(seen[r][0].find("shutdown=[1]"), std::string::npos) << seen[r][0];
+    // no responses: the description starts with the shutdown list
+    EXPECT_EQ(seen[r][1].rfind("shutdown=[] ", 0), 0u) << seen[r][1];
+    EXPECT_EQ(seen[r][2].find("[a "), std::string::npos) << seen[r][2];
+    EXPECT_NE(seen[r][2].find("[b "), std::string::npos) << seen[r][2];
+  }
+}
+
 TEST(Controller, TwoProcessSetsRunTheirOwnControllersAtTheSameTime) {
   // World of 4: set 1 = ranks {0, 1}, set 2 = ranks {2, 3}, each with its
   // own controller over its split, cycling on a thread of its own while

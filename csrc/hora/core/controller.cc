@@ -148,6 +148,7 @@ void Controller::Unpark(int64_t slot) {
 
 Status Controller::RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined,
                             bool waiting, bool root_idle, CycleResult* result) {
+  *result = CycleResult();  // a result handed in again holds nothing of its last cycle
   const int size = comm_->size();
   const int rank = comm_->rank();
   std::vector<int64_t> invalid;

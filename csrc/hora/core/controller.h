@@ -46,7 +46,8 @@ class Controller {
 
   // `waiting`: a caller of this rank is blocked on a result. `root_idle` is
   // rank 0's say on whether the engines go back to sleep after this cycle
-  // (ignored on other ranks); it comes back in go_idle.
+  // (ignored on other ranks); it comes back in go_idle. `result` is
+  // cleared first, so one CycleResult may serve cycle after cycle.
   Status RunCycle(std::vector<Request> new_requests, bool shutdown, bool joined, bool waiting,
                   bool root_idle, CycleResult* result);
   // Requests that still have to reach the coordinator (e.g. moved off an
