@@ -526,8 +526,8 @@ TEST(Controller, AResultHandedInAgainHoldsOnlyItsNewCycle) {
         std::vector<Request> requests;
         if (c == 0) requests.push_back(Req("a", {1}));
         if (c == 2) requests.push_back(Req("b", {1}));
-        status[r] = controller.RunCycle(std::move(requests), c == 0 && r == 1, false, false,
-                                        false, &result);
+        status[r] = controller.RunCycle(std::move(requests), c == 0 && r == 1, false, false, false,
+                                        &result);
         seen[r].push_back(Describe(result));
       }
     });
