@@ -30,6 +30,7 @@ std::shared_ptr<Communicator::Spawning> g_spawning;  // a growth under way
 // The world re-formed without ranks that were lost: MPI_COMM_WORLD still
 // names them.
 std::atomic<bool> g_lost_ranks{false};
+constexpr int kLostRanksFinalizeGraceSeconds = 10;
 
 // Open MPI's MPI_Finalize ends with a PMIx fence over the job's first world,
 // the lost ranks included. Open MPI 5.0 mostly lets the survivors through,

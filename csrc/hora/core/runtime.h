@@ -60,11 +60,10 @@ Status Grow(double* seconds);
 Status Current(std::shared_ptr<Engine>* out);
 // At process exit: shuts down and finalizes MPI if hora initialized it,
 // unless the job broke (MPI_Finalize would wait for ranks that are gone).
-// After the world re-formed without lost ranks, MPI_Finalize gets
-// kLostRanksFinalizeGrace; a process still inside it then ends with
-// `exit_code` (the status the program was ending with) without it.
+// After the world re-formed without lost ranks, MPI_Finalize gets 10 s; a
+// process still inside it then ends with `exit_code` (the status the
+// program was ending with) without it.
 void FinalizeProcess(int exit_code);
-constexpr int kLostRanksFinalizeGraceSeconds = 10;
 
 // What this build was compiled with and what it finds at run time.
 struct BuildInfo {
