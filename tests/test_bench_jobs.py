@@ -91,6 +91,20 @@ def test_sweep_and_latency_inside_process_sets(tmp_path):
     assert "the busy set ran" in output, output
 
 
+def test_idle_beside_a_busy_set_splits_each_rank_by_thread(tmp_path):
+    idle, output = run_bench(3, ["idle", "--busy-set", "0,1", "--seconds", "1"], tmp_path)
+    rows = idle["rows"]
+    assert [(r["rank"], r["role"]) for r in rows] == [
+        (0, "busy set"), (1, "busy set"), (2, "idle")], output
+    for row in rows:
+        parts = [row[f"{k}_cpu_percent"] for k in ("main", "job_threads", "set_threads")]
+        assert all(p >= 0 for p in parts), output
+    # the busy ranks' set engines did the set's allreduces; the idle rank
+    # is in no set but the job's
+    assert all(r["set_threads_cpu_percent"] > 0 for r in rows[:2]), output
+    assert rows[2]["set_threads_cpu_percent"] == 0, output
+
+
 class FakeImpl:
     def __init__(self, name, background, log):
         self.name, self.background, self.log = name, background, log
