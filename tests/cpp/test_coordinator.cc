@@ -198,5 +198,87 @@ TEST(Coordinator, StalledNamesTheMissingRanks) {
   EXPECT_EQ(stalls[0].missing, (std::vector<int>{1, 3}));
 }
 
+Request NoteFrom(int rank, const std::string& name, RequestNote note) {
+  Request r;
+  r.rank = rank;
+  r.name = name;
+  r.note = note;
+  return r;
+}
+
+TEST(Coordinator, AWaitForARankThatRefusedTheNameFailsAfterTheCheckTime) {
+  Coordinator coordinator(3);
+  const std::vector<bool> joined(3, false);
+  coordinator.Note(NoteFrom(2, "w", RequestNote::kRefusedAgain));
+  coordinator.Add(From(0, "w", {4}));
+  coordinator.Add(From(1, "w", {4}));
+  coordinator.Add(From(0, "other", {1}));  // waits on rank 1 and 2, who refused nothing
+  const auto now = Coordinator::Clock::now();
+  EXPECT_TRUE(
+      coordinator.TakeRefusedAgain(now, std::chrono::seconds(60), joined, "SETTING").empty())
+      << "not before the check time";
+  const std::vector<Response> failed = coordinator.TakeRefusedAgain(
+      now + std::chrono::seconds(61), std::chrono::seconds(60), joined, "SETTING");
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].name, "w");
+  EXPECT_EQ(failed[0].error_code, StatusCode::kInvalidArgument);
+  EXPECT_NE(failed[0].error.find("allreduce 'w' cannot complete: rank 2 refused a call of this "
+                                 "name while its earlier call was still in flight there"),
+            std::string::npos)
+      << failed[0].error;
+  EXPECT_NE(failed[0].error.find("ranks 0, 1 waited 61."), std::string::npos) << failed[0].error;
+  EXPECT_NE(failed[0].error.find("(SETTING)"), std::string::npos) << failed[0].error;
+  // "other" still waits; "w" is gone, and its next call starts afresh
+  const auto stalls =
+      coordinator.Stalled(now + std::chrono::seconds(61), std::chrono::seconds(60), joined);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].name, "other");
+  coordinator.Add(From(0, "w", {4}));
+  EXPECT_TRUE(coordinator
+                  .TakeRefusedAgain(now + std::chrono::hours(1), std::chrono::seconds(60), joined,
+                                    "SETTING")
+                  .empty());
+}
+
+TEST(Coordinator, ARankThatCalledTheNameAgainIsWaitedForAsUsual) {
+  Coordinator coordinator(2);
+  const std::vector<bool> joined(2, false);
+  coordinator.Note(NoteFrom(1, "w", RequestNote::kRefusedAgain));
+  coordinator.Note(NoteFrom(1, "w", RequestNote::kCalledAgain));
+  coordinator.Add(From(0, "w", {4}));
+  EXPECT_TRUE(coordinator
+                  .TakeRefusedAgain(Coordinator::Clock::now() + std::chrono::hours(1),
+                                    std::chrono::seconds(60), joined, "SETTING")
+                  .empty());
+  // the refusing rank is not the missing one: its own call waits for the others
+  Coordinator other(2);
+  other.Note(NoteFrom(1, "v", RequestNote::kRefusedAgain));
+  other.Add(From(1, "v", {4}));
+  EXPECT_TRUE(other
+                  .TakeRefusedAgain(Coordinator::Clock::now() + std::chrono::hours(1),
+                                    std::chrono::seconds(60), joined, "SETTING")
+                  .empty());
+}
+
+TEST(Coordinator, AFailedGroupMemberTakesItsWholeGroup) {
+  Coordinator coordinator(2);
+  const std::vector<bool> joined(2, false);
+  coordinator.Note(NoteFrom(1, "g.1", RequestNote::kRefusedAgain));
+  for (const char* name : {"g.0", "g.1"}) {
+    Request r = From(0, name, {2});
+    r.group = "g";
+    r.group_size = 2;
+    coordinator.Add(r);
+  }
+  const std::vector<Response> failed =
+      coordinator.TakeRefusedAgain(Coordinator::Clock::now() + std::chrono::seconds(2),
+                                   std::chrono::seconds(1), joined, "SETTING");
+  ASSERT_EQ(failed.size(), 2u);
+  EXPECT_EQ(failed[0].name, "g.1");
+  EXPECT_EQ(failed[1].name, "g.0");
+  EXPECT_EQ(failed[0].error, failed[1].error);
+  EXPECT_FALSE(coordinator.HasPending());
+}
+
 }  // namespace
 }  // namespace hora

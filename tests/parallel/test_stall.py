@@ -105,3 +105,69 @@ def test_stall_inside_a_process_set_names_job_ranks(stall_settings, capfd, rank,
         np.testing.assert_array_equal(result, np.full(4, 2.0))
     hora.barrier()
     hora.remove_process_set(pair)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["new", "cached"])
+def test_a_call_refused_for_a_name_in_flight_fails_the_ranks_that_wait(
+        stall_settings, rank, size, cached):
+    # The last rank calls a name twice while its first call is in flight:
+    # the second call is refused there (ValueError) and that rank goes on.
+    # The other ranks call the name twice after the first call finished,
+    # and their second call, which the last rank will never match, fails
+    # after the stall check time with the reason instead of stalling on.
+    stall_settings(HORA_STALL_CHECK_TIME_SECONDS=1)
+    name = f"stall.again.{'cached' if cached else 'new'}"
+    x = np.ones(4, np.float32)
+    refusing = size - 1
+    if cached:  # once through every rank first: the cache then answers the name
+        hora.allreduce(x, name=name, op=hora.Sum)
+    if rank == refusing:
+        first = hora.allreduce_async(x, name=name, op=hora.Sum)
+        with pytest.raises(ValueError, match="already in flight"):
+            hora.allreduce_async(x, name=name, op=hora.Sum)
+        # only now may the others complete the first call
+        hora.allreduce(np.zeros(1, np.int8), name="stall.again.gate", op=hora.Sum)
+        np.testing.assert_array_equal(hora.synchronize(first), np.full(4, size, np.float32))
+    else:
+        hora.allreduce(np.zeros(1, np.int8), name="stall.again.gate", op=hora.Sum)
+        np.testing.assert_array_equal(hora.allreduce(x, name=name, op=hora.Sum),
+                                      np.full(4, size, np.float32))
+        began = time.monotonic()
+        with pytest.raises(hora.HoraInvalidArgumentError) as failure:
+            hora.allreduce(x, name=name, op=hora.Sum)
+        waited = time.monotonic() - began
+        message = str(failure.value)
+        assert 1.0 <= waited < 10.0, waited
+        assert f"allreduce '{name}' cannot complete: rank {refusing} refused a call" in message, \
+            message
+        assert "HORA_STALL_CHECK_TIME_SECONDS" in message, message
+        others = ", ".join(str(r) for r in range(size - 1))
+        assert f"{'rank' if size == 2 else 'ranks'} {others} waited" in message, message
+    # nothing was left behind: the job and the name work on every rank
+    np.testing.assert_array_equal(hora.allreduce(x, name="stall.again.after", op=hora.Sum),
+                                  np.full(4, size, np.float32))
+    np.testing.assert_array_equal(hora.allreduce(x, name=name, op=hora.Sum),
+                                  np.full(4, size, np.float32))
+
+
+def test_a_refused_call_made_again_later_meets_the_waiting_ranks(stall_settings, rank, size):
+    # As above, but the refusing rank calls the name again (as the error
+    # message suggests) before the stall check time: a program Horovod runs
+    # fine, and the waiting ranks' call completes with it.
+    stall_settings(HORA_STALL_CHECK_TIME_SECONDS=3)
+    name = "stall.again.retried"
+    x = np.ones(4, np.float32)
+    refusing = size - 1
+    if rank == refusing:
+        first = hora.allreduce_async(x, name=name, op=hora.Sum)
+        with pytest.raises(ValueError, match="already in flight"):
+            hora.allreduce_async(x, name=name, op=hora.Sum)
+        hora.allreduce(np.zeros(1, np.int8), name="stall.again.gate", op=hora.Sum)
+        hora.synchronize(first)
+        time.sleep(0.5)  # the others' second call is waiting by now
+        result = hora.allreduce(x, name=name, op=hora.Sum)
+    else:
+        hora.allreduce(np.zeros(1, np.int8), name="stall.again.gate", op=hora.Sum)
+        hora.allreduce(x, name=name, op=hora.Sum)
+        result = hora.allreduce(x, name=name, op=hora.Sum)
+    np.testing.assert_array_equal(result, np.full(4, size, np.float32))

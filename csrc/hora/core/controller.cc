@@ -90,6 +90,12 @@ void Controller::ClassifyNew(std::vector<Request>* new_requests, std::vector<int
   std::vector<int64_t> slots;
   size_t first = 0;
   while (first < requests.size()) {
+    if (requests[first].note != RequestNote::kNone) {  // for the coordinator only
+      requests[first].rank = comm_->rank();
+      uncached_.push_back(std::move(requests[first]));
+      ++first;
+      continue;
+    }
     // A group's members arrive together (one Add) and take one path
     // together: all answered by the cache, or all sent to the coordinator,
     // which releases a group only as a whole.
@@ -269,6 +275,7 @@ Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* resul
   std::string mine;
   SerializeRequests(uncached_, &mine);
   for (Request& r : uncached_) {
+    if (r.note != RequestNote::kNone) continue;  // nothing will be decided for it
     std::string name = r.name;
     awaiting_decision_.emplace(std::move(name), std::move(r));
   }
@@ -282,13 +289,23 @@ Status Controller::Negotiate(const std::vector<bool>& joined, CycleResult* resul
       std::vector<Request> requests;
       HORA_RETURN_IF_ERROR(ParseRequests(bytes, &requests));
       for (const Request& r : requests) {
+        if (r.note != RequestNote::kNone) {
+          coordinator_->Note(r);
+          continue;
+        }
         NoteReady(r);
         coordinator_->Add(r);
       }
     }
     std::vector<Response> ready = coordinator_->TakeReady(joined);
+    const auto checked = StallInspector::Clock::now();
+    // Collectives that wait for a rank which refused its call of the name
+    // (in flight there) fail instead of stalling on.
+    for (Response& refused : stalls_->FailRefusedAgain(checked, coordinator_.get(), joined)) {
+      ready.push_back(std::move(refused));
+    }
     for (const Response& response : ready) NoteDecided(response);
-    Status stalled = stalls_->Check(StallInspector::Clock::now(), *coordinator_, joined);
+    Status stalled = stalls_->Check(checked, *coordinator_, joined);
     if (!stalled.ok()) {
       // A response without a name stops the job on every rank.
       Response stop;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iomanip>
 #include <sstream>
 
 namespace hora {
@@ -64,7 +65,103 @@ std::string CallSites(const std::vector<Request>& by_rank, const std::vector<boo
   return s.str();
 }
 
+// "rank 1" / "ranks 0, 2", in the job's numbering.
+std::string RankList(const std::vector<int>& ranks, const std::vector<int>& names) {
+  std::ostringstream s;
+  s << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << NameOf(names, ranks[i]);
+  return s.str();
+}
+
 }  // namespace
+
+void Coordinator::Note(const Request& note) {
+  if (note.rank < 0 || note.rank >= size_) return;
+  if (note.note == RequestNote::kRefusedAgain) {
+    std::vector<bool>& ranks = refused_again_[note.name];
+    if (ranks.empty()) ranks.assign(size_, false);
+    ranks[note.rank] = true;
+  } else if (note.note == RequestNote::kCalledAgain) {
+    auto it = refused_again_.find(note.name);
+    if (it == refused_again_.end()) return;
+    it->second[note.rank] = false;
+    if (std::none_of(it->second.begin(), it->second.end(), [](bool b) { return b; })) {
+      refused_again_.erase(it);
+    }
+  }
+}
+
+std::vector<Response> Coordinator::TakeRefusedAgain(Clock::time_point now, Clock::duration older,
+                                                    const std::vector<bool>& joined,
+                                                    const std::string& waited_for) {
+  std::vector<Response> failed;
+  if (refused_again_.empty()) return failed;
+  std::unordered_map<std::string, std::string> failed_groups;  // group -> error
+  std::vector<std::string> names;
+  for (const auto& item : arrival_) {
+    const std::string& name = item.second;
+    const Pending& p = table_.at(name);
+    if (now - p.since < older) continue;
+    auto refused = refused_again_.find(name);
+    if (refused == refused_again_.end()) continue;
+    std::vector<int> refusing, waiting;
+    for (int r = 0; r < size_; ++r) {
+      if (p.have[r]) {
+        waiting.push_back(r);
+      } else if (!joined[r] && refused->second[r]) {
+        refusing.push_back(r);
+      }
+    }
+    if (refusing.empty()) continue;  // the refusing ranks are not the ones missing
+    const Request& first = FirstRequest(p);
+    std::ostringstream m;
+    const bool one = refusing.size() == 1;
+    m << CollectiveKindName(first.kind) << " '" << name << "'" << where_
+      << " cannot complete: " << RankList(refusing, names_) << " refused a call of this name while "
+      << (one ? "its" : "their") << " earlier call was still in flight there, and "
+      << (one ? "has" : "have") << " not called it since; " << RankList(waiting, names_)
+      << " waited " << std::fixed << std::setprecision(1)
+      << std::chrono::duration<double>(now - p.since).count() << " s (" << waited_for << ") for "
+      << (one ? "it" : "them")
+      << ". Call a name again only after its earlier call has finished on every rank"
+      << CallSites(p.by_rank, p.have, names_);
+    if (!first.group.empty()) failed_groups.emplace(first.group, m.str());
+    Response error;
+    error.name = name;
+    error.kind = first.kind;
+    error.error_code = StatusCode::kInvalidArgument;
+    error.error = m.str();
+    failed.push_back(std::move(error));
+    names.push_back(name);
+    refused_again_.erase(refused);  // answered: the next call of the name starts afresh
+  }
+  // The rest of a failed group fails with it: its members are released
+  // together or not at all.
+  if (!failed_groups.empty()) {
+    for (const auto& item : arrival_) {
+      const Pending& p = table_.at(item.second);
+      const Request& first = FirstRequest(p);
+      auto group = failed_groups.find(first.group);
+      if (first.group.empty() || group == failed_groups.end() ||
+          std::find(names.begin(), names.end(), item.second) != names.end()) {
+        continue;
+      }
+      Response error;
+      error.name = item.second;
+      error.kind = first.kind;
+      error.error_code = StatusCode::kInvalidArgument;
+      error.error = group->second;
+      failed.push_back(std::move(error));
+      names.push_back(item.second);
+    }
+  }
+  for (const std::string& name : names) {
+    auto it = table_.find(name);
+    arrival_.erase(it->second.order);
+    table_.erase(it);
+  }
+  return failed;
+}
 
 void Coordinator::Add(const Request& request) {
   auto it = table_.find(request.name);

@@ -35,6 +35,16 @@ class Coordinator {
   // a cache entry that only some ranks had ready).
   void Backdate(const std::string& name, Clock::time_point since);
 
+  // A note from a rank (RequestNote): it refused a call of the name for
+  // being in flight there, or it has called the name again since.
+  void Note(const Request& note);
+  // Takes the tensors that waited at least `older` for a rank whose call
+  // of the name was refused that way (and the rest of their groups), as
+  // errors for every rank; `waited_for` names the setting in the message.
+  std::vector<Response> TakeRefusedAgain(Clock::time_point now, Clock::duration older,
+                                         const std::vector<bool>& joined,
+                                         const std::string& waited_for);
+
   struct Stall {
     std::string name;
     CollectiveKind kind;
@@ -80,6 +90,9 @@ class Coordinator {
   std::vector<int> names_;  // empty: ranks are the job's
   std::string where_;
   std::unordered_map<std::string, Clock::time_point> backdated_;
+  // name -> the ranks whose call of it was refused for being in flight
+  // there, and who have not called it again since
+  std::unordered_map<std::string, std::vector<bool>> refused_again_;
 };
 
 }  // namespace hora

@@ -113,6 +113,7 @@ void SerializeRequests(const std::vector<Request>& requests, std::string* out) {
     w.PutString(r.site);
     w.PutString(r.refused);
     w.PutInts(r.members);
+    w.Put<uint8_t>(static_cast<uint8_t>(r.note));
   }
 }
 
@@ -122,18 +123,22 @@ Status ParseRequests(const std::string& data, std::vector<Request>* out) {
   if (!rd.Get(&count)) return Status::Internal("truncated request list");
   out->resize(count);
   for (Request& r : *out) {
-    uint8_t kind, op, dtype, on_gpu;
+    uint8_t kind, op, dtype, on_gpu, note;
     if (!rd.Get(&r.rank) || !rd.GetString(&r.name) || !rd.Get(&kind) || !rd.Get(&op) ||
         !rd.Get(&dtype) || !rd.Get(&r.root) || !rd.Get(&on_gpu) || !rd.Get(&r.prescale) ||
         !rd.Get(&r.postscale) || !rd.GetInts(&r.shape) || !rd.GetInts(&r.splits) ||
         !rd.GetString(&r.group) || !rd.Get(&r.group_size) || !rd.GetString(&r.site) ||
-        !rd.GetString(&r.refused) || !rd.GetInts(&r.members)) {
+        !rd.GetString(&r.refused) || !rd.GetInts(&r.members) || !rd.Get(&note)) {
       return Status::Internal("truncated request");
     }
     r.kind = static_cast<CollectiveKind>(kind);
     r.op = static_cast<ReduceOp>(op);
     r.dtype = static_cast<DataType>(dtype);
     r.on_gpu = on_gpu != 0;
+    if (note > static_cast<uint8_t>(RequestNote::kCalledAgain)) {
+      return Status::Internal("unknown request note " + std::to_string(note));
+    }
+    r.note = static_cast<RequestNote>(note);
   }
   return rd.done() ? Status::OK() : Status::Internal("trailing bytes after request list");
 }

@@ -13,6 +13,11 @@
 
 namespace hora {
 
+// A Request that is no submission but a note for rank 0's stall inspector:
+// this rank refused a call of `name` because its earlier call of that name
+// was still in flight here, or (later) it called that name again.
+enum class RequestNote : uint8_t { kNone = 0, kRefusedAgain = 1, kCalledAgain = 2 };
+
 struct Request {
   int32_t rank = 0;
   std::string name;
@@ -43,6 +48,8 @@ struct Request {
   // number of dimensions followed by the dimensions; the ranks must agree
   // on every member, so that a mismatch names the member. Empty otherwise.
   std::vector<int64_t> members;
+  // Not kNone: a note (see RequestNote), carrying only `name` and `rank`.
+  RequestNote note = RequestNote::kNone;
 
   int64_t NumElements() const;
 };

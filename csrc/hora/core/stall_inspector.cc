@@ -111,6 +111,16 @@ std::string StallInspector::Describe(const std::vector<Coordinator::Stall>& stal
   return s.str();
 }
 
+std::vector<Response> StallInspector::FailRefusedAgain(Clock::time_point now,
+                                                       Coordinator* coordinator,
+                                                       const std::vector<bool>& joined) const {
+  if (!enabled_) return {};
+  const bool warns = warning_ > Clock::duration::zero();
+  return coordinator->TakeRefusedAgain(
+      now, warns ? warning_ : shutdown_, joined,
+      warns ? "HORA_STALL_CHECK_TIME_SECONDS" : "HORA_STALL_SHUTDOWN_TIME_SECONDS");
+}
+
 Status StallInspector::Check(Clock::time_point now, const Coordinator& coordinator,
                              const std::vector<bool>& joined) {
   if (!enabled_) return Status::OK();

@@ -1,7 +1,5 @@
 #include "hora/core/tensor_queue.h"
 
-#include <unordered_set>
-
 namespace hora {
 namespace {
 
@@ -12,6 +10,14 @@ Status InFlight(const std::string& name) {
 }
 
 }  // namespace
+
+void TensorQueue::NoteLocked(const std::string& name, RequestNote note) {
+  Request request;
+  request.name = name;
+  request.note = note;
+  new_requests_.push_back(std::move(request));
+  has_new_.store(true, std::memory_order_release);
+}
 
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // The requests move to the engine (the entries keep only what running the
@@ -27,20 +33,34 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
     if (entries.size() > 1 && !names.insert(name).second) return InFlight(name);
   }
   bool first_new = false;
+  std::string in_flight;  // a name refused for being in flight here
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
     for (const Request& r : requests) {
-      if (entries_.count(r.name) != 0) return InFlight(r.name);
+      if (entries_.count(r.name) != 0) {
+        in_flight = r.name;
+        break;
+      }
     }
     first_new = new_requests_.empty();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      entries_.emplace(requests[i].name, std::move(entries[i]));
-    }
-    if (new_requests_.empty()) {
-      new_requests_.swap(requests);
+    if (!in_flight.empty()) {
+      NoteLocked(in_flight, RequestNote::kRefusedAgain);
+      refused_again_.insert(in_flight);
     } else {
-      for (Request& r : requests) new_requests_.push_back(std::move(r));
+      for (size_t i = 0; i < entries.size(); ++i) {
+        entries_.emplace(requests[i].name, std::move(entries[i]));
+      }
+      if (!refused_again_.empty()) {
+        for (const Request& r : requests) {
+          if (refused_again_.erase(r.name) != 0) NoteLocked(r.name, RequestNote::kCalledAgain);
+        }
+      }
+      if (new_requests_.empty()) {
+        new_requests_.swap(requests);
+      } else {
+        for (Request& r : requests) new_requests_.push_back(std::move(r));
+      }
     }
     has_new_.store(!new_requests_.empty(), std::memory_order_release);
     in_flight_.store(entries_.size(), std::memory_order_release);
@@ -50,7 +70,7 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // submissions (a backward pass) then costs one wake-up, not one system
   // call and engine wake-up per tensor.
   if (first_new) on_new_work_();
-  return Status::OK();
+  return in_flight.empty() ? Status::OK() : InFlight(in_flight);
 }
 
 Status TensorQueue::AddOne(TensorEntry entry) {
@@ -60,18 +80,27 @@ Status TensorQueue::AddOne(TensorEntry entry) {
   Request request = std::move(entry.request);
   std::string key = request.name;
   bool first_new = false;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return closed_status_;
-    auto inserted = entries_.emplace(std::move(key), std::move(entry));
-    if (!inserted.second) return InFlight(request.name);
     first_new = new_requests_.empty();
-    new_requests_.push_back(std::move(request));
+    auto inserted = entries_.emplace(std::move(key), std::move(entry));
+    if (!inserted.second) {
+      NoteLocked(request.name, RequestNote::kRefusedAgain);
+      refused_again_.insert(request.name);
+      refused = true;
+    } else {
+      if (!refused_again_.empty() && refused_again_.erase(request.name) != 0) {
+        NoteLocked(request.name, RequestNote::kCalledAgain);
+      }
+      new_requests_.push_back(std::move(request));
+    }
     has_new_.store(true, std::memory_order_release);
     in_flight_.store(entries_.size(), std::memory_order_release);
   }
   if (first_new) on_new_work_();
-  return Status::OK();
+  return refused ? InFlight(request.name) : Status::OK();
 }
 
 void TensorQueue::TakeNewRequests(std::vector<Request>* out) {
@@ -122,6 +151,7 @@ void TensorQueue::FailAll(const Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
     failed.swap(entries_);
     new_requests_.clear();
+    refused_again_.clear();
     has_new_.store(false, std::memory_order_release);
     in_flight_.store(0, std::memory_order_release);
   }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "hora/algo/pieces.h"
@@ -51,7 +52,10 @@ class TensorQueue {
   // Adds all entries or none (a group must not be half-submitted). Fails
   // with InvalidArgument if a name is already in flight or repeated. Calls
   // on_new_work only when these are the first new requests since the last
-  // TakeNewRequests.
+  // TakeNewRequests. A name refused for being in flight is noted for rank
+  // 0 (RequestNote::kRefusedAgain), and so is its next call here
+  // (kCalledAgain): ranks that meanwhile call it again and wait for this
+  // one then fail with the reason instead of stalling.
   Status Add(std::vector<TensorEntry> entries);
   // The same for one entry, without the vectors (the per-gradient path).
   Status AddOne(TensorEntry entry);
@@ -81,6 +85,11 @@ class TensorQueue {
   std::atomic<size_t> in_flight_{0};  // entries_.size(), written under mutex_
   std::function<void()> on_new_work_;
   std::shared_ptr<WaitActivity> activity_;
+  // Queues a note about `name` for rank 0 (under mutex_).
+  void NoteLocked(const std::string& name, RequestNote note);
+  // Names refused here for being in flight and not called again since
+  // (under mutex_).
+  std::unordered_set<std::string> refused_again_;
   bool closed_ = false;
   Status closed_status_;
   // Engine thread only: the room TakeNewRequests leaves for the next burst.
