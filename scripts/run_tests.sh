@@ -27,4 +27,5 @@ export HORA_MXNET_PYTHON="$PWD/.venv-mxnet/bin/python"
 export PATH="$PWD/.venv/bin:$PATH"
 bash scripts/check_style.sh
 bash scripts/cpp_tests.sh
-exec .venv/bin/python -m pytest tests "$@"
+# The slowest tests are listed at the end, to watch the suite's time.
+exec .venv/bin/python -m pytest tests --durations=25 "$@"

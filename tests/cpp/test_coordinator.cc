@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "hora/core/coordinator.h"
+#include "hora/core/stall_inspector.h"
 
 namespace hora {
 namespace {
@@ -278,6 +279,33 @@ TEST(Coordinator, AFailedGroupMemberTakesItsWholeGroup) {
   EXPECT_EQ(failed[1].name, "g.0");
   EXPECT_EQ(failed[0].error, failed[1].error);
   EXPECT_FALSE(coordinator.HasPending());
+}
+
+TEST(Coordinator, TheShorterStallTimeDecidesWhenARefusalFailsTheWait) {
+  Config config;
+  config.stall_check = true;
+  config.stall_warning_seconds = 60;
+  config.stall_shutdown_seconds = 2;
+  StallInspector stalls(config);
+  Coordinator coordinator(2);
+  const std::vector<bool> joined(2, false);
+  coordinator.Note(NoteFrom(1, "w", RequestNote::kRefusedAgain));
+  coordinator.Add(From(0, "w", {4}));
+  const auto later = Coordinator::Clock::now() + std::chrono::seconds(3);
+  const std::vector<Response> failed = stalls.FailRefusedAgain(later, &coordinator, joined);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].error.find("(HORA_STALL_SHUTDOWN_TIME_SECONDS)"), std::string::npos)
+      << failed[0].error;
+  // taken off the table first, the wait no longer stops the job
+  EXPECT_TRUE(stalls.Check(later, coordinator, joined).ok());
+
+  config.stall_shutdown_seconds = 0;  // warnings only: after the check time
+  StallInspector warning_only(config);
+  coordinator.Note(NoteFrom(1, "w", RequestNote::kRefusedAgain));
+  coordinator.Add(From(0, "w", {4}));
+  EXPECT_TRUE(warning_only.FailRefusedAgain(later, &coordinator, joined).empty());
+  const auto much_later = Coordinator::Clock::now() + std::chrono::seconds(61);
+  EXPECT_EQ(warning_only.FailRefusedAgain(much_later, &coordinator, joined).size(), 1u);
 }
 
 }  // namespace

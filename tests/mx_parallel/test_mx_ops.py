@@ -113,3 +113,12 @@ def test_bad_arguments_raise_at_once():
         hvd.allgather(mx.nd.array(np.float32(1.0).reshape(())))
     with pytest.raises(ValueError, match="process sets"):
         hvd.allreduce(mx.nd.zeros((1,)), process_set=object())
+
+
+def test_the_exception_classes_are_horas():
+    from hora.common import exceptions
+    for name in ("HoraError", "HoraInternalError", "HoraInvalidArgumentError",
+                 "HoraMismatchError", "HoraShutdownError", "HoraTimeoutError", "HoraTypeError",
+                 "HorovodInternalError"):
+        assert getattr(hvd, name) is getattr(exceptions, name), name
+        assert name in hvd.__all__, name

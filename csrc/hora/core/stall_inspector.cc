@@ -115,7 +115,10 @@ std::vector<Response> StallInspector::FailRefusedAgain(Clock::time_point now,
                                                        Coordinator* coordinator,
                                                        const std::vector<bool>& joined) const {
   if (!enabled_) return {};
-  const bool warns = warning_ > Clock::duration::zero();
+  // The shorter of the two times: a refusal explains the wait better than
+  // the stall shutdown would.
+  const bool warns = warning_ > Clock::duration::zero() &&
+                     (shutdown_ == Clock::duration::zero() || warning_ <= shutdown_);
   return coordinator->TakeRefusedAgain(
       now, warns ? warning_ : shutdown_, joined,
       warns ? "HORA_STALL_CHECK_TIME_SECONDS" : "HORA_STALL_SHUTDOWN_TIME_SECONDS");

@@ -40,8 +40,8 @@ class StallInspector {
   bool CheckDue(Clock::time_point now, const Coordinator& coordinator) const;
   // Milliseconds until something is due, or -1 when nothing is pending.
   int MsUntilDue(Clock::time_point now, const Coordinator& coordinator) const;
-  // Collectives that waited past the warning time (or the shutdown time,
-  // with no warnings) for a rank that refused its call of the name for
+  // Collectives that waited past the warning time or the shutdown time,
+  // whichever is shorter, for a rank that refused its call of the name for
   // being in flight there: taken off the table, as errors for every rank.
   std::vector<Response> FailRefusedAgain(Clock::time_point now, Coordinator* coordinator,
                                          const std::vector<bool>& joined) const;

@@ -15,7 +15,8 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError)
+    HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError, HoraShutdownError,
+    HoraTimeoutError, HoraTypeError, HorovodInternalError)
 from hora.mxnet.compression import Compression
 from hora.mxnet.functions import allgather_object, broadcast_object
 from hora.mxnet.mpi_ops import (
@@ -26,7 +27,8 @@ from hora.mxnet.training import DistributedOptimizer, DistributedTrainer, broadc
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "DistributedTrainer", "HoraError",
-    "HoraInternalError", "HoraMismatchError", "HoraShutdownError", "HorovodInternalError", "Max",
+    "HoraInternalError", "HoraInvalidArgumentError", "HoraMismatchError", "HoraShutdownError",
+    "HoraTimeoutError", "HoraTypeError", "HorovodInternalError", "Max",
     "Min", "ProcessSet", "Product", "ReduceOp", "Sum", "add_process_set", "allgather",
     "allgather_object", "allreduce", "allreduce_",
     "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",

@@ -18,8 +18,8 @@ from hora.common.basics import (
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     nccl_built, rank, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from hora.common.exceptions import (
-    HoraError, HoraInternalError, HoraMismatchError, HoraShutdownError, HorovodInternalError,
-    HostsUpdatedInterrupt)
+    HoraError, HoraInternalError, HoraInvalidArgumentError, HoraMismatchError, HoraShutdownError,
+    HoraTimeoutError, HoraTypeError, HorovodInternalError, HostsUpdatedInterrupt)
 from hora.tensorflow import elastic
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import (
@@ -39,7 +39,8 @@ __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
     "DistributedOptimizer", "PartialDistributedGradientTape", "broadcast_global_variables",
     "broadcast_object_fn", "check_num_rank_power_of_2", "handle_average_backwards_compatibility",
-    "HoraError", "HoraInternalError", "HoraMismatchError", "HoraShutdownError",
+    "HoraError", "HoraInternalError", "HoraInvalidArgumentError", "HoraMismatchError",
+    "HoraShutdownError", "HoraTimeoutError", "HoraTypeError",
     "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product",
     "ReduceOp", "Sum", "SyncBatchNormalization", "add_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
