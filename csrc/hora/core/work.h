@@ -18,9 +18,12 @@ namespace hora {
 // cycling back to back. Each engine (the job's, and one per process set)
 // has its own, shared with the Works of its queue: a caller waiting on one
 // set keeps only that set's engine hot, never another set's.
+// Each field on a cache line of its own, away from the shared_ptr counts
+// that every submission changes: the engine writes `spinning` every cycle
+// and callers change `waiters` as they wait, on other cores.
 struct WaitActivity {
-  std::atomic<int> waiters{0};
-  std::atomic<bool> spinning{false};
+  alignas(64) std::atomic<int> waiters{0};
+  alignas(64) std::atomic<bool> spinning{false};
 };
 
 class Work {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 
 class Handle:
@@ -80,7 +80,7 @@ class OneHandle(Handle):
     def __init__(self, work: Any, result: Any) -> None:
         # Handle's slots, holding one Work and no closure here
         self._works = work
-        self._finish = cast(Any, None)
+        self._finish = None  # type: ignore[assignment]
         self._result = result
         self._done = False
         self._error = None
