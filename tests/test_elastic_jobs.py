@@ -406,6 +406,7 @@ def test_the_elastic_example_survives_a_sigkill_in_place(framework, job_env, tmp
     assert job.returncode == 0, output
     assert "go on in place" in output, output
     assert "elastic reset" not in output, output  # nothing was launched again
+    assert "final test accuracy " in output, output
     accuracy = float(output.rsplit("final test accuracy ", 1)[1].split()[0])
     assert accuracy > 0.8, output
 
