@@ -98,6 +98,15 @@ std::vector<Response> Coordinator::TakeRefusedAgain(Clock::time_point now, Clock
   if (refused_again_.empty()) return failed;
   std::unordered_map<std::string, std::string> failed_groups;  // group -> error
   std::vector<std::string> names;
+  auto fail = [&](const std::string& name, CollectiveKind kind, const std::string& why) {
+    Response error;
+    error.name = name;
+    error.kind = kind;
+    error.error_code = StatusCode::kInvalidArgument;
+    error.error = why;
+    failed.push_back(std::move(error));
+    names.push_back(name);
+  };
   for (const auto& item : arrival_) {
     const std::string& name = item.second;
     const Pending& p = table_.at(name);
@@ -126,13 +135,7 @@ std::vector<Response> Coordinator::TakeRefusedAgain(Clock::time_point now, Clock
       << ". Call a name again only after its earlier call has finished on every rank"
       << CallSites(p.by_rank, p.have, names_);
     if (!first.group.empty()) failed_groups.emplace(first.group, m.str());
-    Response error;
-    error.name = name;
-    error.kind = first.kind;
-    error.error_code = StatusCode::kInvalidArgument;
-    error.error = m.str();
-    failed.push_back(std::move(error));
-    names.push_back(name);
+    fail(name, first.kind, m.str());
     refused_again_.erase(refused);  // answered: the next call of the name starts afresh
   }
   // The rest of a failed group fails with it: its members are released
@@ -146,13 +149,7 @@ std::vector<Response> Coordinator::TakeRefusedAgain(Clock::time_point now, Clock
           std::find(names.begin(), names.end(), item.second) != names.end()) {
         continue;
       }
-      Response error;
-      error.name = item.second;
-      error.kind = first.kind;
-      error.error_code = StatusCode::kInvalidArgument;
-      error.error = group->second;
-      failed.push_back(std::move(error));
-      names.push_back(item.second);
+      fail(item.second, first.kind, group->second);
     }
   }
   for (const std::string& name : names) {

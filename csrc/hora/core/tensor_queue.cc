@@ -19,6 +19,17 @@ void TensorQueue::NoteLocked(const std::string& name, RequestNote note) {
   has_new_.store(true, std::memory_order_release);
 }
 
+void TensorQueue::RefusedLocked(const std::string& name) {
+  NoteLocked(name, RequestNote::kRefusedAgain);
+  refused_again_.insert(name);
+}
+
+void TensorQueue::CallingLocked(const std::string& name) {
+  if (!refused_again_.empty() && refused_again_.erase(name) != 0) {
+    NoteLocked(name, RequestNote::kCalledAgain);
+  }
+}
+
 Status TensorQueue::Add(std::vector<TensorEntry> entries) {
   // The requests move to the engine (the entries keep only what running the
   // collective needs) and the map keys are copied before taking the lock, so
@@ -45,17 +56,12 @@ Status TensorQueue::Add(std::vector<TensorEntry> entries) {
     }
     first_new = new_requests_.empty();
     if (!in_flight.empty()) {
-      NoteLocked(in_flight, RequestNote::kRefusedAgain);
-      refused_again_.insert(in_flight);
+      RefusedLocked(in_flight);
     } else {
       for (size_t i = 0; i < entries.size(); ++i) {
         entries_.emplace(requests[i].name, std::move(entries[i]));
       }
-      if (!refused_again_.empty()) {
-        for (const Request& r : requests) {
-          if (refused_again_.erase(r.name) != 0) NoteLocked(r.name, RequestNote::kCalledAgain);
-        }
-      }
+      for (const Request& r : requests) CallingLocked(r.name);
       if (new_requests_.empty()) {
         new_requests_.swap(requests);
       } else {
@@ -86,14 +92,11 @@ Status TensorQueue::AddOne(TensorEntry entry) {
     if (closed_) return closed_status_;
     first_new = new_requests_.empty();
     auto inserted = entries_.emplace(std::move(key), std::move(entry));
-    if (!inserted.second) {
-      NoteLocked(request.name, RequestNote::kRefusedAgain);
-      refused_again_.insert(request.name);
-      refused = true;
+    refused = !inserted.second;
+    if (refused) {
+      RefusedLocked(request.name);
     } else {
-      if (!refused_again_.empty() && refused_again_.erase(request.name) != 0) {
-        NoteLocked(request.name, RequestNote::kCalledAgain);
-      }
+      CallingLocked(request.name);
       new_requests_.push_back(std::move(request));
     }
     has_new_.store(true, std::memory_order_release);

@@ -87,6 +87,10 @@ class TensorQueue {
   std::shared_ptr<WaitActivity> activity_;
   // Queues a note about `name` for rank 0 (under mutex_).
   void NoteLocked(const std::string& name, RequestNote note);
+  // `name` was refused for being in flight: noted, and remembered.
+  void RefusedLocked(const std::string& name);
+  // `name` is called: noted if it was refused since its last call.
+  void CallingLocked(const std::string& name);
   // Names refused here for being in flight and not called again since
   // (under mutex_).
   std::unordered_set<std::string> refused_again_;
