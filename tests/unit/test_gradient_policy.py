@@ -178,12 +178,17 @@ def test_buckets_walk_backwards_with_a_small_first_bucket():
     assert bucket_units([100, 3 * MIB, 100], ["f"] * 3, MIB) == [[2], [1], [0]]
     # buckets smaller than the first bucket's cap keep their own size
     assert bucket_units([40] * 5, ["f"] * 5, 100) == [[4, 3], [2, 1], [0]]
+    # the first bucket closes with the gradient that fills it: a large last
+    # layer (an output projection) goes out with it, not with the layers
+    # whose gradients come later
+    layers = [4 * MIB] * 3 + [8 * MIB, 100]
+    assert bucket_units(layers, ["f"] * 5, 25 * MIB) == [[4, 3], [2, 1, 0]]
 
 
 def test_buckets_hold_one_kind_of_gradient():
     from hora.common.gradient_policy import bucket_units
     kinds = ["float32", "float64", "float32", "float64", "float32"]
-    assert bucket_units([8] * 5, kinds, 16) == [[4, 2], [0], [3, 1]]
+    assert bucket_units([8] * 5, kinds, 16) == [[4, 2], [3, 1], [0]]
 
 
 def test_torch_optimizer_buckets_by_default_and_names_buckets_by_their_parameters():

@@ -174,7 +174,7 @@ def group_units(keys: Sequence[Hashable], groups: Groups) -> list[list[int]]:
     return units
 
 
-#: The first bucket's cap (or ``bucket_bytes`` when smaller): the last
+#: The first bucket's size (or ``bucket_bytes`` when smaller): the last
 #: layers' gradients, ready first, go out while backward is still running.
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -185,24 +185,33 @@ def bucket_units(nbytes: Sequence[int], kinds: Sequence[Hashable],
     model's order, ``nbytes`` and ``kinds`` one per gradient) packed into
     buckets, walking from the last gradient to the first, the order a
     backward pass produces them in. A bucket holds gradients of one kind
-    (dtype and device) and at most ``bucket_bytes`` (the first bucket of
-    each kind at most ``FIRST_BUCKET_BYTES``); a larger gradient is a bucket
-    of its own. Positions in a bucket are in that reversed order. The result
-    depends on the list alone, so every rank with the same model gets the
-    same buckets without communicating. ``bucket_bytes`` 0: one unit per
+    (dtype and device) and at most ``bucket_bytes``; a larger gradient is a
+    bucket of its own. The first bucket of each kind closes with the
+    gradient that brings it to ``FIRST_BUCKET_BYTES`` (as DDP's first
+    bucket does): a model's last layer, often its largest gradient (an
+    output projection over a vocabulary), is ready first and goes out with
+    it rather than waiting in the next bucket for the layers before it.
+    Positions in a bucket are in that reversed order. The result depends
+    on the list alone, so every rank with the same model gets the same
+    buckets without communicating. ``bucket_bytes`` 0: one unit per
     gradient, as Horovod reduces them."""
     if bucket_bytes <= 0:
         return [[i] for i in range(len(nbytes))]
     units: list[list[int]] = []
-    open_units: dict[Hashable, tuple[list[int], int, int]] = {}  # kind -> members, bytes, cap
+    first_cap = min(bucket_bytes, FIRST_BUCKET_BYTES)
+    # kind -> (members, bytes, whether it is the kind's first bucket)
+    open_units: dict[Hashable, tuple[list[int], int, bool]] = {}
     for i in reversed(range(len(nbytes))):
-        members, size, cap = open_units.get(kinds[i], ([], 0, min(bucket_bytes,
-                                                                    FIRST_BUCKET_BYTES)))
-        if members and size + nbytes[i] > cap:
+        members, size, first = open_units.get(kinds[i], ([], 0, True))
+        if members and size + nbytes[i] > bucket_bytes:
             units.append(members)
-            members, size, cap = [], 0, bucket_bytes
+            members, size, first = [], 0, False
         members.append(i)
-        open_units[kinds[i]] = (members, size + nbytes[i], cap)
+        size += nbytes[i]
+        if first and size >= first_cap:
+            units.append(members)
+            members, size, first = [], 0, False
+        open_units[kinds[i]] = (members, size, first)
     units.extend(members for members, _, _ in open_units.values() if members)
     return units
 
