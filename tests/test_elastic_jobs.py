@@ -432,12 +432,21 @@ def test_keras_fit_resumes_from_the_last_epoch_commit(job_env, tmp_path):
 SHARDED = os.path.join(os.path.dirname(__file__), "elastic", "train_sharded_elastic.py")
 
 
-def _sharded_reference(job_env, tmp_path):
-    """The uninterrupted 4-rank run's output prefix."""
-    reference = str(tmp_path / "ref")
-    code, output = _horarun(["-np", "4", sys.executable, SHARDED], job_env, tmp_path,
-                            {"HORA_TEST_OUT": reference})
-    assert code == 0, output
+@pytest.fixture(scope="module")
+def sharded_references(tmp_path_factory):
+    """The uninterrupted 4-rank run's output prefix for each sharding stage,
+    run once per stage for the whole module."""
+    folder = tmp_path_factory.mktemp("sharded-reference")
+    done = {}
+
+    def reference(sharding):
+        if sharding not in done:
+            prefix = str(folder / sharding)
+            code, output = _horarun(["-np", "4", sys.executable, SHARDED], _clean_env(), folder,
+                                    {"HORA_TEST_OUT": prefix, "HORA_TEST_SHARDING": sharding})
+            assert code == 0, output
+            done[sharding] = prefix
+        return done[sharding]
     return reference
 
 
@@ -452,7 +461,8 @@ def _sharded_in_place(job_env, tmp_path, prefix, extra):
 
 
 @pytest.mark.parametrize("sharding", ["gradients", "parameters"])
-def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_path):
+def test_sharded_state_survives_a_world_of_another_size(sharding, sharded_references, job_env,
+                                                         tmp_path):
     """4 ranks, one SIGKILLed (the next world has 3), then a slot comes back
     (4 again): each new world merges the shards every rank of the last
     commit wrote and re-cuts them (with sharding="parameters" the model's
@@ -460,7 +470,7 @@ def test_sharded_state_survives_a_world_of_another_size(sharding, job_env, tmp_p
     4-rank run (the same averaged gradients every step; sums of 3 ranks
     add in another order, so not bit for bit)."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = _sharded_reference(job_env, tmp_path)
+    reference = sharded_references(sharding)
     script, hosts = _discovery(tmp_path, "localhost:4\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
@@ -504,8 +514,8 @@ def _assert_like_sharded_reference(prefix, reference, ranks):
 
 @pytest.mark.parametrize("sharding,killed", [("optimizer_state", 3), ("gradients", 0),
                                              ("parameters", 1)])
-def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed, job_env,
-                                                                tmp_path):
+def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed, sharded_references,
+                                                                job_env, tmp_path):
     """4 ranks in place, one SIGKILLed (rank 0 too) before epoch 0 batch 5:
     the other 3 keep their processes, go back to the last commit (epoch 0
     batch 4) from their own parts and the buddy copy of the lost rank's,
@@ -513,7 +523,7 @@ def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed,
     later and gets its share of the state; no relaunch, and the run ends
     like the uninterrupted 4-rank run."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = _sharded_reference(job_env, tmp_path)
+    reference = sharded_references(sharding)
     prefix = str(tmp_path / "out")
     code, output = _sharded_in_place(job_env, tmp_path, prefix, {
         "HORA_TEST_KILL": str(killed), "HORA_TEST_STEP_SLEEP": "0.15"})
@@ -535,14 +545,15 @@ def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed,
 
 
 @pytest.mark.parametrize("sharding", ["gradients", "parameters"])
-def test_sharded_job_grows_in_place_from_host_discovery(sharding, job_env, tmp_path):
+def test_sharded_job_grows_in_place_from_host_discovery(sharding, sharded_references, job_env,
+                                                        tmp_path):
     """3 ranks in place; host discovery then lists a fourth slot: the new
     process builds its sharded optimizer before it joins (for the future
     world, no collectives), joins at a commit, and the 4 ranks cut the
     commit just made for 4 (stage 3: the weights too). No relaunch; the
     run ends like an uninterrupted 4-rank run."""
     job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
-    reference = _sharded_reference(job_env, tmp_path)
+    reference = sharded_references(sharding)
     script, hosts = _discovery(tmp_path, "localhost:3\n")
     prefix = str(tmp_path / "out")
     code, output = _horarun(
@@ -561,14 +572,15 @@ def test_sharded_job_grows_in_place_from_host_discovery(sharding, job_env, tmp_p
     _assert_like_sharded_reference(prefix, reference, 4)
 
 
-def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(job_env, tmp_path):
+def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(sharded_references,
+                                                                          job_env, tmp_path):
     """Ranks 2 and 3 of 4 SIGKILLed together: rank 2's part of the last
     commit lived on rank 2 and on rank 3 (its buddy), so the two ranks left
     hold no commit whole; they say so and leave, and horarun relaunches
     from the commit's parts on disk. The run ends like the uninterrupted
     one."""
     job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
-    reference = _sharded_reference(job_env, tmp_path)
+    reference = sharded_references("gradients")
     prefix = str(tmp_path / "out")
     code, output = _sharded_in_place(job_env, tmp_path, prefix, {
         "HORA_TEST_KILL": "2,3", "HORA_TEST_STEP_SLEEP": "0.15"})
@@ -585,7 +597,8 @@ def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(job_env
     ({"HORA_TEST_KILL": "3", "HORA_TEST_KILL_IN_RESTORE": "1"}, "epoch 0 batch 4",
      ["4", "2", "4"])])
 def test_sharded_state_in_place_survives_losses_inside_the_recovery(fault, back_to, worlds,
-                                                                     job_env, tmp_path):
+                                                                     sharded_references, job_env,
+                                                                     tmp_path):
     """A rank SIGKILLed as it starts copying its part of commit 2 to its
     neighbour: no survivor finished that copy, so commit 2 is not whole and
     the 3 survivors go back to commit 1 (epoch 0 batch 2). And a second
@@ -594,7 +607,7 @@ def test_sharded_state_in_place_survives_losses_inside_the_recovery(fault, back_
     go back to it, and 2 replacements join. Both end like the uninterrupted
     run."""
     job_env = dict(job_env, HORA_TEST_SHARDING="gradients")
-    reference = _sharded_reference(job_env, tmp_path)
+    reference = sharded_references("gradients")
     prefix = str(tmp_path / "out")
     code, output = _sharded_in_place(job_env, tmp_path, prefix,
                                      {"HORA_TEST_STEP_SLEEP": "0.3", **fault})
