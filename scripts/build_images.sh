@@ -23,7 +23,9 @@
 # proxy), through the build context "pip-extra". PyTorch's CPU index is used
 # when it answers. HORA_IMAGE_EXTRAS overrides the extras installed
 # (default "torch examples bench"); HORA_CUDA_VERSION picks the CUDA toolkit of a
-# local CUDA base (default 13.0).
+# local CUDA base (default 13.0); HORA_CUDA_ARCHITECTURES the GPU
+# architectures hora:cuda is compiled for (e.g. "90"; default: the build's
+# list for its CUDA version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +38,7 @@ while [ "$#" -gt 0 ]; do
     --base=*) base="${1#--base=}"; shift;;
     --engine-args) print_engine_args=1; shift;;
     cpu|cuda) images+=("$1"); shift;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0;;
     *) echo "build_images.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
@@ -170,7 +172,7 @@ for image in "${images[@]}"; do
       [ "$base" = local ] && bargs+=("BASE_IMAGE=$local_base")
       build hora:cpu docker/Dockerfile.cpu "$extra" "${bargs[@]}";;
     cuda)
-      bargs=("HORA_EXTRAS=$extras")
+      bargs=("HORA_EXTRAS=$extras" "HORA_CUDA_ARCHITECTURES=${HORA_CUDA_ARCHITECTURES:-}")
       if [ "$base" = local ]; then
         cuda="${HORA_CUDA_VERSION:-13.0}"
         build "localhost/hora-cuda-base:$cuda" docker/Dockerfile.cuda-pypi "$extra_cuda" \
