@@ -53,8 +53,9 @@ struct Config {
   int64_t spin_us = 200;
   // DistributedOptimizer (torch, TensorFlow, Keras): gradients are handed to
   // the engine in buckets of up to this many bytes, in the order the
-  // backward pass produces them (the first bucket is at most 1 MiB, so
-  // communication starts early). 0: one allreduce per gradient, as Horovod.
+  // backward pass produces them (the first bucket closes once it reaches
+  // 1 MiB, so communication starts early). 0: one allreduce per gradient,
+  // as Horovod.
   int64_t gradient_bucket_bytes = 25ll * 1024 * 1024;
   // Stall inspector (rank 0): a collective that some ranks have submitted
   // and others have not for this long is reported, naming the missing
