@@ -253,8 +253,8 @@ def test_multihost_bench_shapes_the_links_and_checks_every_result(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "hora.bench", "multihost", "--rate", "1gbit",
          "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
-         "--compare", "mpi,gloo", "--json", str(out)], cwd=ROOT.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=JOB_TIMEOUT_SECONDS)
+         "--compare", "mpi,gloo", "--json", str(out)], cwd=ROOT.parent,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-20000:]
     result = json.loads(out.read_text())
