@@ -89,8 +89,7 @@ def _job(hosts, args, model, results_path):
     return [sys.executable, "-m", "hora.runner", "-np", str(args.hosts), "-H", host_arg,
             "--binding-args", "--bind-to none",
             "--mpi-args", hosts.mpi_args(yield_when_idle=args.hosts > len(os.sched_getaffinity(0))),
-            # DDP's gloo meets at the first host's address, through eth0
-            "-x", "MASTER_ADDR", "-x", "GLOO_SOCKET_IFNAME",
+            *hosts.GLOO_EXPORTS,  # for DDP
             sys.executable, "-m", "hora.bench", "torch-synthetic", "--model", model,
             "--batch-size", str(BATCH_SIZES[model]), "--threads", "1",
             "--compare", ",".join(args.method_list), "--count-bytes", "eth0",
@@ -133,9 +132,7 @@ def run(args):
         except netns_hosts.NetnsError as error:
             raise SystemExit(f"compression: {error}") from None
         try:
-            env = {key: value for key, value in os.environ.items()
-                   if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
-            env.update(MASTER_ADDR=hosts.address(hosts.hosts[0]), GLOO_SOCKET_IFNAME="eth0")
+            env = hosts.job_env()
             for rate in args.rate_list:
                 hosts.shape(rate, args.queue_ms)
                 for model in args.model_list:

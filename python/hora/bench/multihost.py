@@ -88,8 +88,7 @@ def _job_command(hosts, args, results_path, oversubscribed):
             "--binding-args", "--bind-to none",
             "--mpi-args", " ".join(filter(None, [hosts.mpi_args(yield_when_idle=oversubscribed),
                                                  args.mpi_args])),
-            # gloo (--compare gloo) meets at the first host's address, through eth0
-            "-x", "MASTER_ADDR", "-x", "GLOO_SOCKET_IFNAME",
+            *hosts.GLOO_EXPORTS,  # for --compare gloo
             sys.executable, "-m", "hora.bench", "allreduce", "--compare", args.compare,
             "--min-bytes", str(args.min_bytes), "--max-bytes", str(args.max_bytes),
             "--timing", args.timing, "--json", results_path]
@@ -172,12 +171,7 @@ def run(args):
             hosts.shape(args.rate, args.queue_ms)
             goodput = hosts.ring_goodput(args.probe_seconds)
             results_path = os.path.join(folder, "allreduce.json")
-            env = {key: value for key, value in os.environ.items()
-                   if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
-            # Without these, each rank's gloo looked for the store on its own
-            # loopback and for its peers at the machine's own address, which no
-            # namespace reaches, and waited for ever
-            env.update(MASTER_ADDR=hosts.address(hosts.hosts[0]), GLOO_SOCKET_IFNAME="eth0")
+            env = hosts.job_env()
             if oversubscribed:
                 env["HORA_SPIN_US"] = "0"
             print(f"# {ranks} rank(s) on {args.hosts} pretend hosts sharing this machine's "

@@ -273,6 +273,21 @@ class NetnsHosts:
                 f"--prtemca oob_tcp_if_include {self.subnet}.0/24"
                 + (" --mca mpi_yield_when_idle 1" if yield_when_idle else ""))
 
+    # horarun's arguments that pass job_env()'s meeting point to the ranks
+    GLOO_EXPORTS = ("-x", "MASTER_ADDR", "-x", "GLOO_SOCKET_IFNAME")
+
+    def job_env(self):
+        """The environment for a horarun job over these hosts: this process's,
+        less the rank variables of any job it runs in, with torch.distributed's
+        gloo meeting at the first host's address through ``eth0`` (left to
+        itself, each rank's gloo looks for the store on its own namespace's
+        loopback and for its peers at the machine's address, which no
+        namespace reaches, and waits for ever)."""
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_"))}
+        env.update(MASTER_ADDR=self.address(self.hosts[0]), GLOO_SOCKET_IFNAME="eth0")
+        return env
+
     def run_in(self, host, command, **kwargs):
         """``command`` (a list) run inside ``host``'s namespace."""
         return subprocess.run(["ip", "netns", "exec", self.namespaces[host], *command], **kwargs)
