@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "hora/comm/local/local_communicator.h"
 #include "hora/core/config.h"
 #include "hora/core/controller.h"
 #include "hora/core/timeline.h"
+#include "thread_ranks.h"
 
 namespace hora {
 namespace {
@@ -155,9 +155,8 @@ std::vector<std::string> Names(const CycleResult& result) {
 std::vector<std::vector<Output>> RunCycles(int size, int cycles, const Script& script,
                                            const Config& config = TestConfig(),
                                            const Before& before = nullptr) {
-  auto comms = LocalCommunicator::CreateWorld(size);
   // A rank that never arrives fails the test in seconds instead of a minute.
-  comms[0]->SetTimeout(std::chrono::milliseconds(5000));
+  auto comms = testing::CreateWorld(size, 0, std::chrono::milliseconds(5000));
   std::vector<std::vector<Output>> out(size);
   std::vector<Status> results(size);
   std::vector<std::thread> threads;
@@ -512,8 +511,7 @@ TEST(Controller, EvictionSendsAParkedRequestToTheCoordinator) {
 TEST(Controller, AResultHandedInAgainHoldsOnlyItsNewCycle) {
   // One CycleResult per rank, used for three cycles: 0 runs a and rank 1
   // asks to shut down; 1 has nothing and nobody asks; 2 runs b.
-  auto comms = LocalCommunicator::CreateWorld(2);
-  comms[0]->SetTimeout(std::chrono::milliseconds(5000));
+  auto comms = testing::CreateWorld(2, 0, std::chrono::milliseconds(5000));
   std::vector<std::vector<std::string>> seen(2);
   std::vector<Status> status(2);
   std::vector<std::thread> threads;
@@ -551,8 +549,7 @@ TEST(Controller, TwoProcessSetsRunTheirOwnControllersAtTheSameTime) {
   // the world's controller cycles too. Both sets use the name x with
   // different shapes; in the last cycle set 2's second member changes it.
   const int size = 4, cycles = 4;
-  auto comms = LocalCommunicator::CreateWorld(size);
-  comms[0]->SetTimeout(std::chrono::milliseconds(5000));
+  auto comms = testing::CreateWorld(size, 0, std::chrono::milliseconds(5000));
   struct Log {
     std::vector<std::string> set_results, world_results;
     int set_gathers = 0, world_gathers = 0;

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "hora/comm/local/local_communicator.h"
 #include "hora/core/engine.h"
+#include "thread_ranks.h"
 
 namespace hora {
 namespace {
@@ -20,7 +20,7 @@ Status Expect(bool condition, const std::string& what) {
 // Starts an engine per rank over a fresh in-process world and runs `body`
 // on each rank's thread; returns "rank r: message" for every failed rank.
 std::string RunEngines(int size, const std::function<Status(Engine&, int rank)>& body) {
-  auto comms = LocalCommunicator::CreateWorld(size);
+  auto comms = testing::CreateWorld(size);
   std::vector<Status> results(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

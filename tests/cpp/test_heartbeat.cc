@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "hora/comm/local/local_communicator.h"
 #include "hora/comm/wakeup/heartbeat.h"
+#include "thread_ranks.h"
 
 namespace hora {
 namespace {
@@ -33,7 +33,7 @@ struct Outcome {
 // Runs a heartbeat per rank for `run` and returns what each rank's on_stop
 // got (empty: never called). `silent` beats only once (-1: none).
 void RunBeats(int size, int silent, Ms run, Outcome* outcome) {
-  auto comms = LocalCommunicator::CreateWorld(size);
+  auto comms = testing::CreateWorld(size);
   outcome->messages.assign(size, "");
   outcome->after_ms.assign(size, -1.0);
   const auto start = Clock::now();
@@ -93,7 +93,7 @@ TEST(Heartbeat, ASilentRankZeroIsNamedByTheOthers) {
 }
 
 TEST(Heartbeat, OneRankHasNone) {
-  auto comms = LocalCommunicator::CreateWorld(1);
+  auto comms = testing::CreateWorld(1);
   std::unique_ptr<Heartbeat> beat;
   ASSERT_TRUE(
       Heartbeat::Start(comms[0].get(), Heartbeat::Options{}, [](const Status&) {}, &beat).ok());

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "hora/comm/local/local_communicator.h"
 #include "hora/comm/wakeup/wakeup_channel.h"
+#include "thread_ranks.h"
 
 namespace hora {
 namespace {
@@ -38,8 +38,7 @@ std::string Show(const Events& e) {
 // close early) destroys the channels. Returns "rank r: message" lines.
 std::string RunChannels(
     int size, const std::function<Status(Communicator&, std::unique_ptr<WakeupChannel>&)>& body) {
-  auto comms = LocalCommunicator::CreateWorld(size);
-  comms[0]->SetTimeout(std::chrono::milliseconds(5000));
+  auto comms = testing::CreateWorld(size, 0, std::chrono::milliseconds(5000));
   std::vector<Status> results(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

@@ -1,7 +1,8 @@
 #pragma once
 // The transport contract for host memory. The engine and the algorithms
-// talk only to this interface. Its implementations are MPI (mpi/) and, for
-// tests, ranks as threads of one process (local/). The other folders of
+// talk only to this interface. Its implementations are MPI (mpi/), hora's
+// own TCP transport (tcp/) and, for tests, ranks as threads of one process
+// (local/). The other folders of
 // comm/ hold what the engine uses beside it: NCCL communicators for GPU
 // memory (nccl/), a shared-memory segment for one host's ranks (shm/) and
 // the wake-up channel (wakeup/).

@@ -160,6 +160,12 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
                                &result.timeline_queue_events));
   const Source hostname = Find(lookup, "HORA_HOSTNAME", nullptr);
   if (hostname.value != nullptr) result.hostname = hostname.value;
+  const Source rendezvous = Find(lookup, "HORA_RENDEZVOUS", nullptr);
+  if (rendezvous.value != nullptr) result.rendezvous = rendezvous.value;
+  int64_t cookie = 0;
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_RENDEZVOUS_COOKIE", nullptr), 0, &cookie));
+  result.rendezvous_cookie = static_cast<uint64_t>(cookie);
+  HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_PROCESS_ID", nullptr), 0, &result.process_id));
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
   if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
     return Invalid(level, "one of trace, debug, info, warning, error, off");
@@ -182,7 +188,8 @@ std::string Config::Describe() const {
        << " cpu_kernels=" << cpu_kernels << " spin_us=" << spin_us
        << " stall_check=" << (stall_check ? stall_warning_seconds : 0.0) << "s"
        << " stall_shutdown=" << stall_shutdown_seconds << "s" << (autotune ? " autotune=on" : "")
-       << (hostname.empty() ? "" : " hostname=" + hostname);
+       << (hostname.empty() ? "" : " hostname=" + hostname)
+       << (rendezvous.empty() ? "" : " transport=tcp rendezvous=" + rendezvous);
   return text.str();
 }
 

@@ -37,6 +37,13 @@ struct Config {
   // Which host this rank counts as (default: ranks sharing memory form a
   // host). Lets one machine stand in for several in tests.
   std::string hostname;
+  // hora's own TCP transport instead of MPI: the launcher's rendezvous
+  // (host:port, HORA_RENDEZVOUS), the job's cookie there
+  // (HORA_RENDEZVOUS_COOKIE) and this process's id among those the
+  // launcher started (HORA_PROCESS_ID). horarun sets all three.
+  std::string rendezvous;
+  uint64_t rendezvous_cookie = 0;
+  int64_t process_id = 0;
   // What an Average divides by while ranks have joined: the world size, as
   // in Horovod and DDP (joined ranks count as zeros), or, with
   // HORA_JOIN_AVERAGE=contributors, the ranks that submitted the tensor.

@@ -11,6 +11,7 @@
 
 #include "hora/algo/kernels/kernel_set.h"
 #include "hora/comm/mpi/mpi_world.h"
+#include "hora/comm/tcp/tcp_world.h"
 #include "hora/common/build_config.h"
 #include "hora/common/logging.h"
 #include "hora/core/config.h"
@@ -100,6 +101,22 @@ Status Init(const InitOptions& options) {
   world.ranks = options.ranks;
   world.hostname = config.hostname;
   if (g_joining) return Status::OK();
+  if (!config.rendezvous.empty()) {
+    // horarun's own launch: hora's TCP transport, no MPI runtime.
+    TcpWorldOptions tcp;
+    tcp.rendezvous = config.rendezvous;
+    tcp.cookie = config.rendezvous_cookie;
+    tcp.process_id = config.process_id;
+    tcp.hostname = config.hostname;
+    std::unique_ptr<Communicator> comm;
+    HORA_RETURN_IF_ERROR(CreateTcpWorld(tcp, &comm).WithContext("hora.init"));
+    SetLogRank(comm->rank());
+    std::unique_ptr<Engine> engine;
+    HORA_RETURN_IF_ERROR(Engine::Start(std::move(comm), config, &engine).WithContext("hora.init"));
+    g_engine = std::move(engine);
+    g_was_shut_down = false;
+    return Status::OK();
+  }
   bool joining = false;
   HORA_RETURN_IF_ERROR(StartJoining(world, &joining, &g_place).WithContext("hora.init"));
   if (joining) {

@@ -1,0 +1,144 @@
+#include "hora/comm/tcp/tcp_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "hora/comm/tcp/sockets.h"
+
+namespace hora {
+namespace {
+
+constexpr int kConnectTimeoutMs = 10000;
+
+// The IPv4 address of `host` ("127.0.0.1" stays as it is).
+bool Resolve(const std::string& host, std::string* ip) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  char text[64];
+  const auto* in = reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  const bool ok = inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr;
+  freeaddrinfo(found);
+  if (ok) *ip = text;
+  return ok;
+}
+
+}  // namespace
+
+Status TcpRendezvous::Connect(const std::string& address, uint64_t cookie, int64_t process_id,
+                              std::unique_ptr<TcpRendezvous>* out) {
+  const size_t colon = address.rfind(':');
+  std::string ip;
+  int port = 0;
+  if (colon == std::string::npos || !Resolve(address.substr(0, colon), &ip) ||
+      (port = std::atoi(address.c_str() + colon + 1)) <= 0) {
+    return Status::InvalidArgument("HORA_RENDEZVOUS=" + address +
+                                   ": expected the launcher's host:port");
+  }
+  const int fd = sockets::ConnectWithTimeout(ip, port, kConnectTimeoutMs);
+  if (fd < 0) {
+    return Status::Internal("could not reach the launcher's rendezvous at " + address + ": " +
+                            std::strerror(errno));
+  }
+  sockets::SetNoDelay(fd);
+  out->reset(new TcpRendezvous(fd, address));
+  const std::string hello =
+      "HELLO " + std::to_string(cookie) + " " + std::to_string(process_id) + "\n";
+  if (!sockets::TransferAll(fd, const_cast<char*>(hello.data()), hello.size(), true, 5000)) {
+    out->reset();
+    return Status::Internal("the launcher's rendezvous at " + address + " closed the connection");
+  }
+  return Status::OK();
+}
+
+TcpRendezvous::~TcpRendezvous() {
+  if (fd_ >= 0) close(fd_);
+}
+
+Status TcpRendezvous::ReadLine(std::string* line) {
+  while (true) {
+    const size_t end = buffered_.find('\n');
+    if (end != std::string::npos) {
+      *line = buffered_.substr(0, end);
+      buffered_.erase(0, end + 1);
+      return Status::OK();
+    }
+    char chunk[4096];
+    const ssize_t got = recv(fd_, chunk, sizeof(chunk), 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return Status::Internal("the launcher's rendezvous at " + address_ +
+                              " is gone (the launcher ended, or its host did)");
+    }
+    buffered_.append(chunk, static_cast<size_t>(got));
+  }
+}
+
+Status TcpRendezvous::FormWorld(const std::string& hostname, std::shared_ptr<TcpFabric>* out) {
+  out->reset();
+  TcpWorldSpec spec;
+  int port = 0;
+  HORA_RETURN_IF_ERROR(sockets::Listen(SOMAXCONN, &spec.listen_fd, &port));
+  std::string addresses;
+  for (const std::string& ip : sockets::LocalAddresses()) {
+    addresses += (addresses.empty() ? "" : ",") + ip;
+  }
+  const std::string form = "FORM " + hostname + " " + std::to_string(port) + " " + addresses + "\n";
+  if (!sockets::TransferAll(fd_, const_cast<char*>(form.data()), form.size(), true, 5000)) {
+    close(spec.listen_fd);
+    return Status::Internal("the launcher's rendezvous at " + address_ + " is gone");
+  }
+  std::string line;
+  Status status = ReadLine(&line);
+  std::istringstream words(line);
+  std::string kind;
+  int size = 0;
+  words >> kind;
+  if (status.ok() && kind == "ABORT") {
+    std::string reason;
+    std::getline(words, reason);
+    status = Status::Internal("the launcher ended the job:" + reason);
+  } else if (status.ok() && kind == "WORLD") {
+    words >> generation_ >> spec.rank >> size >> spec.cookie;
+    if (!words || size <= 0 || spec.rank < 0 || spec.rank >= size) {
+      status = Status::Internal("the launcher's rendezvous sent '" + line + "'");
+    }
+  } else if (status.ok()) {
+    status = Status::Internal("the launcher's rendezvous sent '" + line + "'");
+  }
+  for (int r = 0; status.ok() && r < size; ++r) {
+    status = ReadLine(&line);
+    if (!status.ok()) break;
+    std::istringstream peer_words(line);
+    TcpPeer peer;
+    std::string list;
+    peer_words >> peer.hostname >> peer.port >> list;
+    std::istringstream items(list);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (!item.empty()) peer.addresses.push_back(item);
+    }
+    if (!peer_words || peer.addresses.empty()) {
+      status = Status::Internal("the launcher's rendezvous sent '" + line + "'");
+    }
+    spec.peers.push_back(std::move(peer));
+  }
+  if (!status.ok()) {
+    close(spec.listen_fd);
+    return status;
+  }
+  return TcpFabric::Connect(spec, out);
+}
+
+}  // namespace hora

@@ -1,0 +1,195 @@
+"""The launcher's rendezvous for hora's own TCP transport: it decides who is
+in each world of a job.
+
+The processes connect once, at ``hora.init()``, and keep the connection for
+their whole life. Each world is formed the same way: every process asks to
+be in the next one (``FORM``), and once every process the launcher counts
+as alive has asked, each gets the world's member list and its rank in it
+(``WORLD``), and they connect to one another. After a loss the survivors
+ask again; the lost process's connection has closed, so the next world is
+formed without it, in place, with nobody relaunched.
+
+A process that does not ask within ``form_timeout`` seconds of the first
+one that did (a stopped process, a host that vanished without closing its
+connections) is counted as lost: ``on_lost`` is told, so that the launcher
+can end it, and the world is formed without it.
+
+The wire protocol is described in csrc/hora/comm/tcp/tcp_rendezvous.h.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class _Process:
+    id: int
+    conn: socket.socket | None = None
+    alive: bool = True
+    # what it sent with FORM: hostname, port, addresses
+    asked: tuple[str, str, str] | None = None
+    buffered: bytes = field(default=b"")
+
+
+class Rendezvous:
+    """Serves one job: the processes with ids ``ids`` form its first world
+    (ranks in id order)."""
+
+    def __init__(self, ids: list[int], *, host: str = "0.0.0.0", form_timeout: float = 10.0,
+                 start_timeout: float = 600.0,
+                 on_lost: Callable[[int, str], None] | None = None,
+                 log: Callable[[str], None] | None = None):
+        self.cookie = secrets.randbits(62)
+        self.form_timeout = form_timeout
+        self.start_timeout = start_timeout
+        self.on_lost = on_lost
+        self.log = log or (lambda text: print(f"horarun: {text}", file=sys.stderr, flush=True))
+        self.generation = 0
+        self.members: list[int] = []  # the current world's ids, in rank order
+        self._processes = {i: _Process(i) for i in ids}
+        self._lock = threading.Lock()
+        self._round_started: float | None = None
+        self._closed = False
+        self._listener = socket.create_server((host, 0), backlog=256)
+        self.port = self._listener.getsockname()[1]
+        self._threads = [threading.Thread(target=self._accept, daemon=True,
+                                          name="hora-rendezvous-accept"),
+                         threading.Thread(target=self._watch, daemon=True,
+                                          name="hora-rendezvous-timeout")]
+        for thread in self._threads:
+            thread.start()
+
+    def env(self, process_id: int, address: str) -> dict[str, str]:
+        """What a process needs in its environment to find the rendezvous at
+        ``address`` (an address of this host its processes can reach)."""
+        return {"HORA_RENDEZVOUS": f"{address}:{self.port}",
+                "HORA_RENDEZVOUS_COOKIE": str(self.cookie),
+                "HORA_PROCESS_ID": str(process_id)}
+
+    def lost(self, process_id: int, why: str) -> None:
+        """The launcher saw the process end (or gave up on it)."""
+        with self._lock:
+            self._lose(process_id, why)
+            self._maybe_form()
+
+    def alive(self) -> list[int]:
+        with self._lock:
+            return sorted(i for i, p in self._processes.items() if p.alive)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for process in self._processes.values():
+                if process.conn is not None:
+                    process.conn.close()
+        self._listener.close()
+
+    # -- the threads -----------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="hora-rendezvous-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = conn.makefile("rb")
+        process = None
+        try:
+            hello = reader.readline().decode(errors="replace").split()
+            if len(hello) != 3 or hello[0] != "HELLO" or hello[1] != str(self.cookie):
+                conn.close()
+                return
+            with self._lock:
+                process = self._processes.get(int(hello[2]))
+                if process is None or not process.alive or process.conn is not None:
+                    conn.close()
+                    return
+                process.conn = conn
+            for raw in reader:
+                words = raw.decode(errors="replace").split()
+                if len(words) == 4 and words[0] == "FORM":
+                    with self._lock:
+                        if not process.alive:
+                            break
+                        process.asked = (words[1], words[2], words[3])
+                        if self._round_started is None:
+                            self._round_started = time.monotonic()
+                        self._maybe_form()
+        except (OSError, ValueError):
+            pass
+        finally:
+            if process is not None:
+                with self._lock:
+                    self._lose(process.id, "its process ended (its connection to horarun closed)")
+                    self._maybe_form()
+
+    def _watch(self) -> None:
+        while not self._closed:
+            time.sleep(0.1)
+            with self._lock:
+                if self._round_started is None:
+                    continue
+                limit = self.start_timeout if not self.members else self.form_timeout
+                if time.monotonic() - self._round_started < limit:
+                    continue
+                for process in self._processes.values():
+                    if process.alive and process.asked is None:
+                        self._lose(process.id, f"it did not take part in forming a world within "
+                                               f"{limit:g} s (stopped, or its host is gone)")
+                        if self.on_lost is not None:
+                            self.on_lost(process.id, "excluded")
+                self._maybe_form()
+
+    # -- with the lock held ----------------------------------------------
+
+    def _lose(self, process_id: int, why: str) -> None:
+        process = self._processes.get(process_id)
+        if process is None or not process.alive:
+            return
+        process.alive = False
+        process.asked = None
+        if process_id in self.members:
+            self.log(f"rank {self.members.index(process_id)} (process {process_id}) lost: {why}")
+        if process.conn is not None:
+            try:
+                process.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _maybe_form(self) -> None:
+        alive = [p for p in self._processes.values() if p.alive]
+        if not alive or any(p.asked is None for p in alive):
+            return
+        # Ranks: the current world's survivors in their order, then the
+        # newcomers by id.
+        ids = [i for i in self.members if self._processes[i].alive]
+        ids += sorted(p.id for p in alive if p.id not in ids)
+        self.generation += 1
+        cookie = secrets.randbits(62)
+        lines = "".join(" ".join(self._processes[i].asked or ()) + "\n" for i in ids)
+        for rank, i in enumerate(ids):
+            process = self._processes[i]
+            message = f"WORLD {self.generation} {rank} {len(ids)} {cookie}\n" + lines
+            try:
+                if process.conn is not None:  # (it asked, so it is connected)
+                    process.conn.sendall(message.encode())
+            except OSError:
+                pass  # its connection's end is seen by its reader: the next world goes without it
+            process.asked = None
+        if self.members and len(ids) != len(self.members):
+            self.log(f"the world is formed again in place: {len(ids)} rank(s) "
+                     f"(was {len(self.members)})")
+        self.members = ids
+        self._round_started = None
