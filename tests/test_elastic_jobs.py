@@ -111,15 +111,16 @@ def test_a_lost_rank_resumes_from_the_last_commit(ranks, fault, references, job_
     assert not os.path.exists(tmp_path / "state" / "state.pkl")
 
 
-@pytest.mark.parametrize("lost", [2, 0])
-def test_survivors_go_on_in_place_from_the_step_in_flight(lost, job_env, tmp_path):
+@pytest.mark.parametrize("lost,transport", [(2, "mpi"), (0, "mpi"), (2, "tcp"), (0, "tcp")])
+def test_survivors_go_on_in_place_from_the_step_in_flight(lost, transport, job_env, tmp_path):
     """--elastic-in-place: the survivors keep their processes (no second
     launch), re-form a world of 2 and go on from the very batch the lost
-    rank interrupted, not from the last commit (batch 4)."""
+    rank interrupted, not from the last commit (batch 4); over MPI (ULFM)
+    and over hora's own TCP transport."""
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", "3", "--min-np", "2", "--elastic-in-place", "--no-replace", sys.executable,
-         SCRIPT], job_env,
+        ["-np", "3", "--min-np", "2", "--elastic-in-place", "--no-replace",
+         "--transport", transport, sys.executable, SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": f"0:{lost}:1:6:kill",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output

@@ -219,6 +219,42 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
     assert all(result["resets"] == 2 for result in results)
 
 
+def test_elastic_job_loses_a_whole_host_in_place_over_tcp(fake_hosts, tmp_path):
+    """--elastic-in-place --transport tcp: every process of host ns-b is
+    SIGKILLed and ns-b leaves the discovery script's list. No launcher
+    daemon runs there whose loss could end the job, so the rank on ns-a
+    goes on in its own process from the step in flight, nothing launched
+    again, and trains to the end."""
+    pytest.importorskip("torch")
+    killed = []
+
+    def changes(line, hosts_file):
+        if "world of 2 from" in line and not killed:
+            hosts_file.write_text("ns-a:1\n")
+            pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
+                                  capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\nns-b:1\n", 2,
+                          ["--elastic-in-place", "--no-replace", "--transport", "tcp",
+                           "--remote-shell", str(fake_hosts.agent)], changes)
+    assert killed, output[-20000:]
+    assert "the other ranks go on in place" in output, output[-20000:]
+    assert "1 rank(s) go on in place (world re-formed in" in output, output[-20000:]
+    assert "world of 1 from epoch" in output and "(launch 0, resets 1)" in output, \
+        output[-20000:]
+    assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
+    assert "horarun: host(s) ns-b removed; no rank of the job is left there" in output, \
+        output[-20000:]
+    result = _same_parameters(tmp_path, 1)[0]
+    assert result["resets"] == 1
+
+
 def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path):
     """--elastic-in-place: the job trains on ns-a alone; discovery lists
     ns-b too; a process starts there (mpirun adds the host to the job) and

@@ -69,6 +69,16 @@ def build_parser():
     where.add_argument("--hostfile", metavar="FILE",
                        help="a file with one host per line as 'host slots=N' or 'host:N'; "
                             "'#' starts a comment")
+    transport = parser.add_argument_group("transport")
+    transport.add_argument("--transport", choices=("mpi", "tcp"), default="mpi",
+                           help="mpi (default): launch with mpirun, the ranks talk over MPI; "
+                                "tcp: horarun starts the ranks itself and they talk over hora's "
+                                "own TCP transport, with no MPI runtime (with "
+                                "--elastic-in-place, the others go on in place even when a "
+                                "whole host is lost)")
+    transport.add_argument("--remote-shell", metavar="CMD", default="ssh",
+                           help="with --transport tcp: how horarun starts ranks on other hosts "
+                                "(run as CMD HOST COMMAND...; default ssh)")
     mpi = parser.add_argument_group("mpirun")
     mpi.add_argument("--mpi-args", metavar="ARGS", default="",
                      help="extra arguments for mpirun, as one quoted string "
@@ -173,6 +183,7 @@ def build_parser():
 # list of mpirun options (argparse would take "--mpi-args --foo" for two
 # options of ours).
 _VALUE_OPTIONS = {"-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpi-args",
+                  "--transport", "--remote-shell",
                   "--binding-args", "-x", "--start-timeout", "--output-filename",
                   "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--log-level",
                   "--timeline-filename", "--stall-check-warning-time-seconds",
@@ -349,9 +360,13 @@ def main(argv=None):
     args = parse_args(argv)
     if args.check_build:
         return check_build.main()
+    tcp = args.transport == "tcp"
     try:
-        mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir(), wheel_mpirun=pypi_mpirun())
-        flavour = query_flavour(mpirun)
+        if tcp:
+            mpirun = flavour = None  # horarun launches the ranks itself
+        else:
+            mpirun = find_mpirun(system_bin_dir=built_mpi_bin_dir(), wheel_mpirun=pypi_mpirun())
+            flavour = query_flavour(mpirun)
         env, names = job_environment(args, os.environ)
         note = rank_path(env, args.command)
         names = sorted(set(names) | {"HORA_RANK_PATH", "PATH"} | set(
@@ -361,7 +376,13 @@ def main(argv=None):
         return 1
     if note:
         _log(note)
-    if args.elastic is not None and args.elastic.in_place and not ulfm_capable(mpirun, flavour):
+    if args.elastic is not None and args.elastic.in_place and tcp and args.elastic.replace:
+        _log("horarun: over --transport tcp, a world formed in place does not start processes "
+             "yet: the ranks left go on, and a world that can grow is launched again from the "
+             "last commit")
+        args.elastic.replace = False
+    if (args.elastic is not None and args.elastic.in_place and not tcp
+            and not ulfm_capable(mpirun, flavour)):
         _log(f"horarun: --elastic-in-place needs Open MPI 5 (ULFM); {mpirun} is "
              f"{describe_version(query_version_text(mpirun))}, so a lost rank relaunches every "
              f"rank from the last commit instead")
@@ -371,6 +392,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="horarun-") as scratch:
 
         def launch(num_proc, host_list, extra_env):
+            if tcp:
+                return launch_tcp(num_proc, host_list, extra_env)
             machinefile = None
             if host_list is not None and flavour != OPEN_MPI:
                 machinefile = os.path.join(scratch, "machinefile")
@@ -402,6 +425,32 @@ def main(argv=None):
                 _log("horarun: mpirun could not start its PMIx server, before any rank "
                      "started; launching the job once more")
             return outcome
+
+        def launch_tcp(num_proc, host_list, extra_env):
+            job_env = dict(env, **extra_env)
+            spec = LaunchSpec(num_proc=num_proc, hosts=host_list, cores=usable_cores(),
+                              env_names=sorted(set(names) | set(extra_env)),
+                              binding_args=None, mpi_args=[], euid=os.geteuid())
+            default_threads(job_env, spec)
+            wrapper = [sys.executable, "-m", "hora.runner.rank_exec"]
+            if output_dir is not None:
+                wrapper += ["--output-dir", output_dir]
+            cmd = [sys.executable, "-m", "hora.runner.tcp_launch", "--np", str(num_proc),
+                   "--remote-shell", args.remote_shell,
+                   "--env-names", ",".join(spec.env_names)]
+            if host_list is not None:
+                cmd += ["--hosts", ",".join(f"{h.name}:{h.slots}" for h in host_list)]
+            if args.supervisor_address:
+                cmd += ["--address", args.supervisor_address]
+            cmd += ["--", *wrapper, "--", *args.command]
+            if args.verbose:
+                _log(shlex.join(cmd))
+            try:
+                return supervise.run(cmd, num_proc, args.start_timeout, sys.stdout.buffer,
+                                     sys.stderr.buffer, _log, env=job_env,
+                                     in_place=extra_env.get("HORA_ELASTIC_IN_PLACE") == "1")
+            except OSError as exc:
+                return supervise.Outcome(1, f"horarun: could not start the ranks: {exc}")
 
         if args.elastic is not None:
             fixed = args.host_list or [hosts.Host("localhost", args.num_proc)]

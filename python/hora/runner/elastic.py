@@ -29,7 +29,7 @@ from typing import Callable
 from hora.common.elastic.notifications import growth_line
 from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
-from hora.runner.supervise import Outcome
+from hora.runner.supervise import Outcome, live_ranks
 
 # How often the discovery script is run while the job trains.
 DISCOVERY_INTERVAL_S = 1.0
@@ -282,6 +282,16 @@ class _Watcher:
                 world, size = grown, capacity
                 names = {h.name for h in world}
                 self.world = list(world)
+                continue
+            if gone and options.in_place and not gone & live_ranks.hosts():
+                # Its ranks were lost already, and the others went on in
+                # place without them (a whole host lost, over hora's TCP
+                # transport): the world needs nothing more.
+                world = [h for h in world if h.name not in gone]
+                size, names = hostlib.total_slots(world), names - gone
+                self.world = list(world)
+                log(f"horarun: host(s) {', '.join(sorted(gone))} removed; no rank of the job "
+                    f"is left there")
                 continue
             if gone or capacity != size:
                 self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone

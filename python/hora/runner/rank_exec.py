@@ -23,10 +23,11 @@ import time
 from hora.runner import markers
 
 # Each launcher names the same facts differently; the first one present wins.
-_RANK_SOURCES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
-_SIZE_SOURCES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_LOCAL_RANK_SOURCES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-_LOCAL_SIZE_SOURCES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+# (HORA_LAUNCH_*: horarun's own launch, hora.runner.tcp_launch)
+_RANK_SOURCES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HORA_LAUNCH_RANK")
+_SIZE_SOURCES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "HORA_LAUNCH_SIZE")
+_LOCAL_RANK_SOURCES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "HORA_LAUNCH_LOCAL_RANK")
+_LOCAL_SIZE_SOURCES = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "HORA_LAUNCH_LOCAL_SIZE")
 
 _USAGE = "usage: python -m hora.runner.rank_exec [--output-dir DIR] -- command [args...]"
 _PR_SET_PDEATHSIG = 1

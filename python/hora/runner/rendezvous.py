@@ -147,20 +147,23 @@ class Rendezvous:
                 for process in self._processes.values():
                     if process.alive and process.asked is None:
                         self._lose(process.id, f"it did not take part in forming a world within "
-                                               f"{limit:g} s (stopped, or its host is gone)")
+                                               f"{limit:g} s (stopped, or its host is gone); "
+                                               f"ending it", say=True)
                         if self.on_lost is not None:
                             self.on_lost(process.id, "excluded")
                 self._maybe_form()
 
     # -- with the lock held ----------------------------------------------
 
-    def _lose(self, process_id: int, why: str) -> None:
+    def _lose(self, process_id: int, why: str, say: bool = False) -> None:
+        """(The launcher reports processes that fail; a process excluded
+        here is reported here, ``say``.)"""
         process = self._processes.get(process_id)
         if process is None or not process.alive:
             return
         process.alive = False
         process.asked = None
-        if process_id in self.members:
+        if say and process_id in self.members:
             self.log(f"rank {self.members.index(process_id)} (process {process_id}) lost: {why}")
         if process.conn is not None:
             try:

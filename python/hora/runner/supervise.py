@@ -58,6 +58,36 @@ class Outcome:
     lost_host: str | None = None    # the host whose daemon mpirun lost, as mpirun names it
 
 
+class LiveRanks:
+    """The ranks of the job under way that have started and not ended, by
+    host: the elastic watcher reads it (a host removed from discovery whose
+    ranks are all gone already needs no new world when the others went on
+    in place). One job runs at a time in a horarun process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._hosts: dict[int, str] = {}
+
+    def reset(self):
+        with self._lock:
+            self._hosts.clear()
+
+    def started(self, rank, host):
+        with self._lock:
+            self._hosts[rank] = host
+
+    def ended(self, rank):
+        with self._lock:
+            self._hosts.pop(rank, None)
+
+    def hosts(self):
+        with self._lock:
+            return set(self._hosts.values())
+
+
+live_ranks = LiveRanks()
+
+
 def _relay(pipe, sink, events):
     """Copies mpirun's output line by line, taking out the ranks' markers."""
     not_back = False  # inside mpirun's "A daemon failed to report back" message
@@ -142,6 +172,7 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
     every rank that did not fail exits with 0.
     """
     events = queue.Queue()
+    live_ranks.reset()
     # A session of its own: a Ctrl-C in the terminal reaches horarun only,
     # which passes on exactly one stop request (two make mpirun abort
     # without cleaning up).
@@ -181,11 +212,13 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
             if value.event == "started":
                 started.add(value.rank)
                 hosts[value.rank] = value.host
+                live_ranks.started(value.rank, value.host)
                 if value.rank >= num_proc:  # started by the world, in place
                     what = "new" if value.outcome == "new" else "replacement"
                     log(f"horarun: {what} process {value.rank} started on host {value.host}")
             elif value.event == "exited":
                 exited.add(value.rank)
+                live_ranks.ended(value.rank)
             elif value.event == "raised":
                 raised.setdefault(value.rank, value)
             if value.failed and stop_signal is None and not start_expired:

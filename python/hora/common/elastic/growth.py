@@ -55,8 +55,11 @@ class Growth:
     taken in. Every rank holds one and makes the same calls."""
 
     def __init__(self, env: dict[str, str]):
+        # (over hora's TCP transport, horarun's own launch, the world does
+        # not start processes: it goes on with the ranks that are left)
         self.enabled = (env.get("HORA_ELASTIC_IN_PLACE") == "1"
-                        and env.get("HORA_ELASTIC_REPLACE", "1") != "0")
+                        and env.get("HORA_ELASTIC_REPLACE", "1") != "0"
+                        and "HORA_RENDEZVOUS" not in env)
         launch = env.get("HORA_RANK_EXEC")
         self.launch: dict[str, Any] | None = json.loads(launch) if launch else None
         # the world size to come back to: the launch's, or what host

@@ -1,0 +1,178 @@
+"""horarun's own launch, for jobs over hora's TCP transport
+(``horarun --transport tcp``): what mpirun does for an MPI job, without an
+MPI runtime.
+
+It starts every rank (on this host directly, on other hosts through the
+remote shell, ``ssh`` by default), serves the rendezvous through which the
+ranks form their worlds (:mod:`hora.runner.rendezvous`), relays their
+output, and exits once every rank has. A rank that ends is reported to the
+rendezvous at once, so in an in-place elastic job the survivors form the
+next world without it; as no daemon of a runtime sits on the other hosts,
+losing a whole host is losing its ranks, and the others go on.
+
+horarun runs it in place of mpirun (and watches it the same way: the
+ranks' wrapper, :mod:`hora.runner.rank_exec`, reports each rank's start
+and end on its output). On SIGTERM it ends every rank.
+
+Usage: python -m hora.runner.tcp_launch --np N [--hosts H:S,...]
+       [--remote-shell CMD] [--address HOST] [--env-names A,B,...] -- COMMAND...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from hora.runner import hosts as hostlib
+from hora.runner import markers
+from hora.runner.rendezvous import Rendezvous
+
+LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
+# After SIGTERM, the ranks get this long before SIGKILL.
+STOP_GRACE_S = 5.0
+
+
+def placements(num_proc: int, host_list: list[hostlib.Host]) -> list[tuple[str, int, int]]:
+    """(host, local rank, local size) of each rank: the hosts' slots filled
+    in order, as mpirun's default mapping does."""
+    result: list[tuple[str, int, int]] = []
+    for host in host_list:
+        take = min(host.slots, num_proc - len(result))
+        result += [(host.name, local, take) for local in range(take)]
+        if len(result) == num_proc:
+            return result
+    raise ValueError(f"{num_proc} ranks do not fit in the hosts' "
+                     f"{sum(h.slots for h in host_list)} slots")
+
+
+def _relay(pipe, sink, rank, ended):
+    """Copies a rank's output; notes the wrapper's own report of its end."""
+    for line in iter(pipe.readline, b""):
+        marker = markers.decode(line)
+        if marker is not None and marker.event == "exited" and marker.rank == rank:
+            ended.set()
+        try:
+            sink.write(line)
+            sink.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hora.runner.tcp_launch")
+    parser.add_argument("--np", type=int, required=True)
+    parser.add_argument("--hosts", default="")
+    parser.add_argument("--remote-shell", default="ssh")
+    parser.add_argument("--address", default=None,
+                        help="where ranks on other hosts reach this host")
+    parser.add_argument("--env-names", default="",
+                        help="variables given to ranks on other hosts")
+    parser.add_argument("--form-timeout", type=float, default=10.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    host_list = (hostlib.parse_host_string(args.hosts) if args.hosts
+                 else [hostlib.Host("localhost", args.np)])
+    try:
+        places = placements(args.np, host_list)
+    except ValueError as exc:
+        print(f"horarun: {exc}", file=sys.stderr)
+        return 2
+    procs: dict[int, subprocess.Popen] = {}
+    lock = threading.Lock()
+
+    def end(process_id: int, why: str) -> None:
+        with lock:
+            proc = procs.get(process_id)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    rendezvous = Rendezvous(list(range(args.np)), form_timeout=args.form_timeout, on_lost=end,
+                            log=lambda text: print(f"horarun: {text}", file=sys.stderr,
+                                                   flush=True))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    names = [n for n in args.env_names.split(",") if n and n in os.environ]
+    relays: dict[int, list[threading.Thread]] = {}
+    reported: dict[int, threading.Event] = {}
+    for rank, (host, local_rank, local_size) in enumerate(places):
+        place = {"HORA_LAUNCH_RANK": str(rank), "HORA_LAUNCH_SIZE": str(args.np),
+                 "HORA_LAUNCH_LOCAL_RANK": str(local_rank),
+                 "HORA_LAUNCH_LOCAL_SIZE": str(local_size)}
+        if host in LOCAL_NAMES:
+            env = dict(os.environ, **rendezvous.env(rank, "127.0.0.1"), **place)
+            cmd = command
+        else:
+            address = args.address or socket.gethostname()
+            given = {n: os.environ[n] for n in names}
+            given.update(rendezvous.env(rank, address), **place)
+            env = dict(os.environ)
+            cmd = [*shlex.split(args.remote_shell), host, "env",
+                   *(f"{k}={v}" for k, v in given.items()), *command]
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as exc:
+            print(f"horarun: cannot start rank {rank} on {host}: {exc}", file=sys.stderr)
+            rendezvous.lost(rank, "it could not be started")
+            continue
+        with lock:
+            procs[rank] = proc
+        reported[rank] = threading.Event()
+        relays[rank] = []
+        for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            thread = threading.Thread(target=_relay, args=(pipe, sink, rank, reported[rank]),
+                                      daemon=True)
+            thread.start()
+            relays[rank].append(thread)
+    codes: dict[int, int] = {}
+    stop_at = None
+    while len(codes) < len(procs):
+        for rank, proc in procs.items():
+            if rank not in codes and proc.poll() is not None:
+                codes[rank] = proc.returncode
+                if proc.returncode != 0:
+                    rendezvous.lost(rank, f"it ended with {proc.returncode}")
+                for thread in relays[rank]:
+                    thread.join(1.0)
+                if not reported[rank].is_set():
+                    # Its wrapper went with it (a host lost whole): horarun
+                    # hears of its end from here instead.
+                    code = proc.returncode
+                    outcome = (f"signal={markers.signal_name(-code)}" if code < 0
+                               else f"code={code or 1}")
+                    marker = markers.Marker("exited", rank, places[rank][0], outcome, time.time())
+                    sys.stdout.buffer.write(markers.encode(marker))
+                    sys.stdout.buffer.flush()
+        if stopping.is_set() and stop_at is None:
+            stop_at = time.monotonic() + STOP_GRACE_S
+            for rank, proc in procs.items():
+                if rank not in codes:
+                    _signal(proc, signal.SIGTERM)
+        if stop_at is not None and time.monotonic() > stop_at:
+            for rank, proc in procs.items():
+                if rank not in codes:
+                    _signal(proc, signal.SIGKILL)
+        time.sleep(0.05)
+    rendezvous.close()
+    return 0 if all(code == 0 for code in codes.values()) and len(codes) == args.np else 1
+
+
+def _signal(proc: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
