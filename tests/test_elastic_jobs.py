@@ -155,28 +155,32 @@ def test_survivors_end_when_finalize_waits_for_the_lost_rank(job_env, tmp_path):
     _assert_same(results[1:], results)
 
 
-@pytest.mark.parametrize("ranks,lost,fault,joiners", [
-    (3, 2, "0:2:0:6:kill", ["3"]),
+@pytest.mark.parametrize("ranks,lost,fault,joiners,transport", [
+    (3, 2, "0:2:0:6:kill", ["3"], "mpi"),
     # as many ranks as this machine has cores, bound a core each
-    (2, 1, "0:1:0:6:kill", ["2"]),
+    (2, 1, "0:1:0:6:kill", ["2"], "mpi"),
     # rank 0 lost, and then the first replacement too, right after its
     # hvd.init(): the world re-forms again and starts another
-    (3, 0, "0:0:0:3:kill,0:3:0:0:joiner-at-start", ["4"]),
+    (3, 0, "0:0:0:3:kill,0:3:0:0:joiner-at-start", ["4"], "mpi"),
     # the first replacement lost while it takes the state from rank 0
-    (3, 2, "0:2:0:6:kill,0:3:0:0:joiner-in-sync", ["4"]),
+    (3, 2, "0:2:0:6:kill,0:3:0:0:joiner-in-sync", ["4"], "mpi"),
     # a survivor lost while the state goes to the replacement: the world of
     # rank 0 and the replacement re-forms and starts another
-    (3, 2, "0:2:0:6:kill,0:1:0:2:in-sync", ["3", "4"]),
+    (3, 2, "0:2:0:6:kill,0:1:0:2:in-sync", ["3", "4"], "mpi"),
+    # over hora's own TCP transport, horarun starting the replacements
+    (3, 2, "0:2:0:6:kill", ["3"], "tcp"),
+    (3, 0, "0:0:0:3:kill,0:3:0:0:joiner-at-start", ["4"], "tcp"),
 ])
-def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, job_env, tmp_path):
+def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, transport, job_env,
+                                      tmp_path):
     """--elastic-in-place without --no-replace: the survivors start a
     replacement for the lost rank, go on training while it starts, and
     take it in at a commit; the world ends as big as it began, every rank
     with the same parameters, and nothing was launched again."""
     prefix = str(tmp_path / "out")
     code, output = _horarun(
-        ["-np", str(ranks), "--min-np", str(ranks - 1), "--elastic-in-place", sys.executable,
-         SCRIPT], job_env,
+        ["-np", str(ranks), "--min-np", str(ranks - 1), "--elastic-in-place",
+         "--transport", transport, sys.executable, SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
                    "HORA_TEST_STEP_SLEEP": "0.3",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})

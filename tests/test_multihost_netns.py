@@ -255,17 +255,22 @@ def test_elastic_job_loses_a_whole_host_in_place_over_tcp(fake_hosts, tmp_path):
     assert result["resets"] == 1
 
 
-def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path):
+@pytest.mark.parametrize("transport", ["mpi", "tcp"])
+def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transport):
     """--elastic-in-place: the job trains on ns-a alone; discovery lists
-    ns-b too; a process starts there (mpirun adds the host to the job) and
-    joins the running world at a commit, nothing launched again."""
+    ns-b too; a process starts there (mpirun adds the host to the job, or
+    horarun starts it there over --transport tcp) and joins the running
+    world at a commit, nothing launched again."""
     pytest.importorskip("torch")
 
     def changes(line, hosts_file):
         if "world of 1 from" in line:
             hosts_file.write_text("ns-a:1\nns-b:1\n")
 
-    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, ["--elastic-in-place"], changes)
+    options = ["--elastic-in-place"]
+    if transport == "tcp":
+        options += ["--transport", "tcp", "--remote-shell", str(fake_hosts.agent)]
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, options, changes)
     assert ("horarun: more slots found (ns-a:1, ns-b:1); 1 new process(es) join the world in "
             "place at a commit") in output, output[-20000:]
     assert "horarun: new process 1 started on host ns-b" in output, output[-20000:]

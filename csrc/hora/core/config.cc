@@ -166,6 +166,7 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_RENDEZVOUS_COOKIE", nullptr), 0, &cookie));
   result.rendezvous_cookie = static_cast<uint64_t>(cookie);
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_PROCESS_ID", nullptr), 0, &result.process_id));
+  result.elastic_joiner = Find(lookup, "HORA_ELASTIC_JOINER_ID", nullptr).value != nullptr;
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
   if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
     return Invalid(level, "one of trace, debug, info, warning, error, off");

@@ -44,6 +44,10 @@ struct Config {
   std::string rendezvous;
   uint64_t rendezvous_cookie = 0;
   int64_t process_id = 0;
+  // A process an in-place elastic world started to join it
+  // (HORA_ELASTIC_JOINER_ID set; over TCP, its place comes from the
+  // launcher's rendezvous).
+  bool elastic_joiner = false;
   // What an Average divides by while ranks have joined: the world size, as
   // in Horovod and DDP (joined ranks count as zeros), or, with
   // HORA_JOIN_AVERAGE=contributors, the ranks that submitted the tensor.

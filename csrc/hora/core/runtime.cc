@@ -69,6 +69,7 @@ void FinalizeAfterLostRanks(int exit_code) {
 bool g_joining = false;
 Topology g_place;
 MpiWorldOptions g_join_options;
+TcpWorldOptions g_join_tcp;  // (its rendezvous set: the process joins over TCP)
 
 // With g_mutex held: starts the engine of a world formed in place (after a
 // loss, a growth or a join) and makes it the process's; `seconds` gets the
@@ -108,6 +109,13 @@ Status Init(const InitOptions& options) {
     tcp.cookie = config.rendezvous_cookie;
     tcp.process_id = config.process_id;
     tcp.hostname = config.hostname;
+    if (config.elastic_joiner) {
+      HORA_RETURN_IF_ERROR(StartTcpJoining(tcp, &g_place).WithContext("hora.init"));
+      g_joining = true;
+      g_join_tcp = tcp;
+      SetLogRank(g_place.rank);
+      return Status::OK();
+    }
     std::unique_ptr<Communicator> comm;
     HORA_RETURN_IF_ERROR(CreateTcpWorld(tcp, &comm).WithContext("hora.init"));
     SetLogRank(comm->rank());
@@ -223,7 +231,9 @@ Status Join(double* seconds) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_joining) return Status::InvalidArgument("hora.join: this process is not waiting to join");
   std::unique_ptr<Communicator> comm;
-  HORA_RETURN_IF_ERROR(FinishJoining(g_join_options, &comm).WithContext("hora.join"));
+  HORA_RETURN_IF_ERROR((g_join_tcp.rendezvous.empty() ? FinishJoining(g_join_options, &comm)
+                                                      : FinishTcpJoining(g_join_tcp, &comm))
+                           .WithContext("hora.join"));
   g_joining = false;
   return StartWorld(std::move(comm), "hora.join", began, seconds);
 }

@@ -5,7 +5,8 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     to the first training step of the next world. Relaunched (the default
     mode; 2 ranks, PyTorch imported again by every new rank), it splits into
     the relaunch up to ``hora.init()`` returning and restoring the commit;
-    in place (``--elastic-in-place --no-replace``; 2, 3 and 4 ranks) into
+    in place (``--elastic-in-place --no-replace``; 2, 3 and 4 ranks; over
+    MPI, and over hora's own TCP transport with ``in-place-tcp``) into
     detecting the loss and re-forming the world (until the reset callbacks
     run), and syncing the state with the redone step. Sharded (``sharded``:
     Adam's state sharded, ``sharding="gradients"``, in place without
@@ -63,9 +64,9 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
-    parser.add_argument("--modes", default="relaunch,in-place,sharded,replace,grow",
-                        help="recovery: relaunch, in-place, sharded, replace and/or grow "
-                             "(default all)")
+    parser.add_argument("--modes", default="relaunch,in-place,in-place-tcp,sharded,replace,grow",
+                        help="recovery: relaunch, in-place, in-place-tcp, sharded, replace "
+                             "and/or grow (default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--churn", action="store_true",
@@ -87,6 +88,7 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
                HORA_BENCH_KILL_STEP="30", HORA_BENCH_CUDA="1" if _CUDA else "0")
     extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
+             "in-place-tcp": ["--elastic-in-place", "--no-replace", "--transport", "tcp"],
              "sharded": ["--elastic-in-place", "--no-replace"],
              "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"]}[mode]
     if mode == "sharded":  # 5 steps after the last commit: those are redone
@@ -139,7 +141,7 @@ def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, 
     else:
         row["kill_to_first_step_s"] = events["first_step"] - events["killed"]
         summary = f"{row['kill_to_first_step_s']:.3f} s from SIGKILL to the first step after it"
-    if mode in ("in-place", "replace", "sharded"):
+    if mode in ("in-place", "in-place-tcp", "replace", "sharded"):
         settle = events["reset"] - events["killed"]
         redone = events["first_step"] - events["reset"]
         row.update(kill_to_reset_s=settle, redone_step_s=redone)
@@ -172,7 +174,8 @@ def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, 
 def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[dict]:
     rows = []
     for mode in modes:
-        for ranks in {"in-place": sizes, "sharded": sizes, "replace": [3]}.get(mode, [2]):
+        for ranks in {"in-place": sizes, "in-place-tcp": sizes, "sharded": sizes,
+                      "replace": [3]}.get(mode, [2]):
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
                     events = _recovery_job(ranks, mode, folder)

@@ -8,7 +8,8 @@ and then runs ``python -m hora.bench allreduce`` across the hosts under
 horarun: hora against MPI's own allreduce over the same links (Open MPI's
 TCP transport for both; hora's ring uses its point-to-point calls). The
 report gives each size's bus bandwidth as a share of the link rate and of
-TCP's goodput, and hora / MPI.
+TCP's goodput, and hora / MPI. With ``--transport tcp`` hora runs over its
+own TCP transport instead (no MPI in the job; compare with gloo).
 
 Needs root (namespaces, tc) and Open MPI; runs without a launcher:
     sudo python -m hora.bench multihost --rate 1gbit [--hosts 2] [--json out.json]
@@ -49,6 +50,10 @@ def build_parser():
                         help="largest allreduce, bytes per rank")
     parser.add_argument("--compare", default="mpi",
                         help="alternatives run beside hora ('' for none), as for allreduce")
+    parser.add_argument("--transport", choices=("mpi", "tcp"), default="mpi",
+                        help="hora's transport across the hosts: MPI's (Open MPI's TCP "
+                             "transport), or hora's own (horarun --transport tcp; no MPI in the "
+                             "job, so 'mpi' cannot be compared)")
     parser.add_argument("--timing", choices=("loop", "barrier"), default="loop",
                         help="'loop': calls back to back, as in training; 'barrier': every call "
                              "from a barrier (see allreduce --help)")
@@ -71,6 +76,9 @@ def parse(argv):
         parser.error("--ranks-per-host must be at least 1")
     if args.queue_ms <= 0 or args.probe_seconds <= 0:
         parser.error("--queue-ms and --probe-seconds must be positive")
+    if args.transport == "tcp" and "mpi" in args.compare.split(","):
+        parser.error("--transport tcp runs no MPI: compare with gloo ('--compare gloo') or "
+                     "nothing ('--compare \'\'')")
     if not 0 < args.min_bytes <= args.max_bytes:
         parser.error("--min-bytes must be positive and at most --max-bytes")
     try:
@@ -83,7 +91,10 @@ def parse(argv):
 def _job_command(hosts, args, results_path, oversubscribed):
     host_arg = ",".join(f"{host}:{args.ranks_per_host}" for host in hosts.hosts)
     ranks = args.hosts * args.ranks_per_host
-    return [sys.executable, "-m", "hora.runner", "-np", str(ranks), "-H", host_arg,
+    transport = ([] if args.transport == "mpi" else
+                 ["--transport", "tcp", "--remote-shell", str(hosts.agent),
+                  "--supervisor-address", f"{hosts.subnet}.254"])
+    return [sys.executable, "-m", "hora.runner", "-np", str(ranks), "-H", host_arg, *transport,
             # no binding: each namespace would bind its first rank to core 0
             "--binding-args", "--bind-to none",
             "--mpi-args", " ".join(filter(None, [hosts.mpi_args(yield_when_idle=oversubscribed),

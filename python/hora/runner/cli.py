@@ -376,11 +376,6 @@ def main(argv=None):
         return 1
     if note:
         _log(note)
-    if args.elastic is not None and args.elastic.in_place and tcp and args.elastic.replace:
-        _log("horarun: over --transport tcp, a world formed in place does not start processes "
-             "yet: the ranks left go on, and a world that can grow is launched again from the "
-             "last commit")
-        args.elastic.replace = False
     if (args.elastic is not None and args.elastic.in_place and not tcp
             and not ulfm_capable(mpirun, flavour)):
         _log(f"horarun: --elastic-in-place needs Open MPI 5 (ULFM); {mpirun} is "

@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"horarun: {exc}", file=sys.stderr)
         return 2
     procs: dict[int, subprocess.Popen] = {}
+    relays: dict[int, list[threading.Thread]] = {}
+    reported: dict[int, threading.Event] = {}
+    hosts_of: dict[int, str] = {}
     lock = threading.Lock()
+    names = [n for n in args.env_names.split(",") if n and n in os.environ]
 
     def end(process_id: int, why: str) -> None:
         with lock:
@@ -94,50 +98,78 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None and proc.poll() is None:
             proc.kill()
 
-    rendezvous = Rendezvous(list(range(args.np)), form_timeout=args.form_timeout, on_lost=end,
-                            log=lambda text: print(f"horarun: {text}", file=sys.stderr,
-                                                   flush=True))
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    names = [n for n in args.env_names.split(",") if n and n in os.environ]
-    relays: dict[int, list[threading.Thread]] = {}
-    reported: dict[int, threading.Event] = {}
-    for rank, (host, local_rank, local_size) in enumerate(places):
-        place = {"HORA_LAUNCH_RANK": str(rank), "HORA_LAUNCH_SIZE": str(args.np),
-                 "HORA_LAUNCH_LOCAL_RANK": str(local_rank),
-                 "HORA_LAUNCH_LOCAL_SIZE": str(local_size)}
+    def start(process_id: int, host: str, place: dict[str, str], cmd: list[str]) -> None:
+        """Starts one process (the launch's ranks, or those a world asked for)."""
         if host in LOCAL_NAMES:
-            env = dict(os.environ, **rendezvous.env(rank, "127.0.0.1"), **place)
-            cmd = command
+            env = dict(os.environ, **rendezvous.env(process_id, "127.0.0.1"), **place)
         else:
             address = args.address or socket.gethostname()
             given = {n: os.environ[n] for n in names}
-            given.update(rendezvous.env(rank, address), **place)
+            given.update(rendezvous.env(process_id, address), **place)
             env = dict(os.environ)
-            cmd = [*shlex.split(args.remote_shell), host, "env",
-                   *(f"{k}={v}" for k, v in given.items()), *command]
+            # one string, quoted: the remote shell (ssh's) splits it again
+            cmd = [*shlex.split(args.remote_shell), host,
+                   shlex.join(["env", *(f"{k}={v}" for k, v in given.items()), *cmd])]
         try:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as exc:
-            print(f"horarun: cannot start rank {rank} on {host}: {exc}", file=sys.stderr)
-            rendezvous.lost(rank, "it could not be started")
-            continue
+            print(f"horarun: cannot start process {process_id} on {host}: {exc}",
+                  file=sys.stderr, flush=True)
+            rendezvous.lost(process_id, "it could not be started")
+            return
+        ended = threading.Event()
+        threads = [threading.Thread(target=_relay, args=(pipe, sink, process_id, ended),
+                                    daemon=True)
+                   for pipe, sink in ((proc.stdout, sys.stdout.buffer),
+                                      (proc.stderr, sys.stderr.buffer))]
         with lock:
-            procs[rank] = proc
-        reported[rank] = threading.Event()
-        relays[rank] = []
-        for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            thread = threading.Thread(target=_relay, args=(pipe, sink, rank, reported[rank]),
-                                      daemon=True)
+            procs[process_id] = proc
+            reported[process_id] = ended
+            relays[process_id] = threads
+            hosts_of[process_id] = host
+        for thread in threads:
             thread.start()
-            relays[rank].append(thread)
+
+    def spawn(ids: list[int], hosts: list[str], cmd: list[str]) -> None:
+        """A world's processes to join it: where ``hosts`` says, else in
+        the slots of the processes that ended (this host when none)."""
+        wanted = hostlib.parse_host_string(",".join(hosts)) if hosts else []
+        if not wanted:
+            with lock:
+                freed = [hosts_of[i] for i, proc in procs.items() if proc.poll() is not None]
+            freed = freed or [places[0][0]]
+            wanted = [hostlib.Host(h, freed.count(h)) for h in dict.fromkeys(freed)]
+        try:
+            where = placements(len(ids), wanted)
+        except ValueError:
+            where = placements(len(ids), [hostlib.Host(wanted[0].name, len(ids))])
+        for index, (process_id, (host, local_rank, local_size)) in enumerate(zip(ids, where)):
+            start(process_id, host, {"HORA_LAUNCH_RANK": str(index),
+                                     "HORA_LAUNCH_SIZE": str(len(ids)),
+                                     "HORA_LAUNCH_LOCAL_RANK": str(local_rank),
+                                     "HORA_LAUNCH_LOCAL_SIZE": str(local_size)}, cmd)
+
+    rendezvous = Rendezvous(list(range(args.np)), form_timeout=args.form_timeout, on_lost=end,
+                            on_spawn=spawn,
+                            log=lambda text: print(f"horarun: {text}", file=sys.stderr,
+                                                   flush=True))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    for rank, (host, local_rank, local_size) in enumerate(places):
+        start(rank, host, {"HORA_LAUNCH_RANK": str(rank), "HORA_LAUNCH_SIZE": str(args.np),
+                           "HORA_LAUNCH_LOCAL_RANK": str(local_rank),
+                           "HORA_LAUNCH_LOCAL_SIZE": str(local_size)}, command)
     codes: dict[int, int] = {}
     stop_at = None
-    while len(codes) < len(procs):
-        for rank, proc in procs.items():
+    while True:
+        with lock:
+            running = dict(procs)
+        if len(codes) == len(running):
+            break
+        for rank, proc in running.items():
             if rank not in codes and proc.poll() is not None:
                 codes[rank] = proc.returncode
                 if proc.returncode != 0:
@@ -150,21 +182,21 @@ def main(argv: list[str] | None = None) -> int:
                     code = proc.returncode
                     outcome = (f"signal={markers.signal_name(-code)}" if code < 0
                                else f"code={code or 1}")
-                    marker = markers.Marker("exited", rank, places[rank][0], outcome, time.time())
+                    marker = markers.Marker("exited", rank, hosts_of[rank], outcome, time.time())
                     sys.stdout.buffer.write(markers.encode(marker))
                     sys.stdout.buffer.flush()
         if stopping.is_set() and stop_at is None:
             stop_at = time.monotonic() + STOP_GRACE_S
-            for rank, proc in procs.items():
+            for rank, proc in running.items():
                 if rank not in codes:
                     _signal(proc, signal.SIGTERM)
         if stop_at is not None and time.monotonic() > stop_at:
-            for rank, proc in procs.items():
+            for rank, proc in running.items():
                 if rank not in codes:
                     _signal(proc, signal.SIGKILL)
         time.sleep(0.05)
     rendezvous.close()
-    return 0 if all(code == 0 for code in codes.values()) and len(codes) == args.np else 1
+    return 0 if all(code == 0 for code in codes.values()) else 1
 
 
 def _signal(proc: subprocess.Popen, signum: int) -> None:

@@ -61,44 +61,64 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::World(std::shared_ptr<TcpFabri
   return world;
 }
 
+namespace {
+
+// Where each rank of a world whose hosts are `hosts` (in rank order) is:
+// hosts in the order of their first rank, local ranks in rank order.
+struct Layout {
+  std::vector<int> host_of, local_rank, host_sizes;
+};
+
+Layout LayOut(const std::vector<std::string>& hosts) {
+  Layout layout;
+  std::vector<std::string> order;
+  for (const std::string& host : hosts) {
+    const auto at = std::find(order.begin(), order.end(), host);
+    const int h = static_cast<int>(at - order.begin());
+    if (at == order.end()) {
+      order.push_back(host);
+      layout.host_sizes.push_back(0);
+    }
+    layout.host_of.push_back(h);
+    layout.local_rank.push_back(layout.host_sizes[h]++);
+  }
+  return layout;
+}
+
+}  // namespace
+
+Topology TcpTopology(const std::vector<std::string>& hosts, int rank) {
+  const Layout layout = LayOut(hosts);
+  Topology t;
+  t.size = static_cast<int>(hosts.size());
+  t.rank = rank;
+  t.hostname = hosts[rank];
+  t.local_rank = layout.local_rank[rank];
+  t.local_size = layout.host_sizes[layout.host_of[rank]];
+  t.homogeneous = std::all_of(layout.host_sizes.begin(), layout.host_sizes.end(),
+                              [&](int n) { return n == layout.host_sizes[0]; });
+  t.cross_size = 0;
+  for (int r = 0; r < t.size; ++r) {
+    if (layout.local_rank[r] != t.local_rank) continue;
+    if (r == rank) t.cross_rank = t.cross_size;
+    ++t.cross_size;
+  }
+  return t;
+}
+
 void TcpCommunicator::Build(bool with_parts) {
-  const std::vector<std::string>& hosts = fabric_->hostnames();
-  const int size = static_cast<int>(members_.size());
-  Topology& t = topology_;
-  t.size = size;
-  t.rank = static_cast<int>(std::find(members_.begin(), members_.end(), fabric_->rank()) -
-                            members_.begin());
-  t.hostname = hosts[fabric_->rank()];
-  // Hosts in the order of their first rank; a rank's local rank is its
-  // place among its host's ranks.
-  std::vector<std::string> host_order;
-  std::vector<int> local_rank(size), host_of(size);
-  std::vector<int> host_sizes;
-  for (int r = 0; r < size; ++r) {
-    const std::string& host = hosts[members_[r]];
-    const auto at = std::find(host_order.begin(), host_order.end(), host);
-    const int h = static_cast<int>(at - host_order.begin());
-    if (at == host_order.end()) {
-      host_order.push_back(host);
-      host_sizes.push_back(0);
-    }
-    host_of[r] = h;
-    local_rank[r] = host_sizes[h]++;
-  }
-  t.local_rank = local_rank[t.rank];
-  t.local_size = host_sizes[host_of[t.rank]];
-  t.homogeneous =
-      std::all_of(host_sizes.begin(), host_sizes.end(), [&](int n) { return n == host_sizes[0]; });
-  std::vector<int> local_members, cross_members;
-  for (int r = 0; r < size; ++r) {
-    if (host_of[r] == host_of[t.rank]) local_members.push_back(members_[r]);
-    if (local_rank[r] == t.local_rank) {
-      if (r == t.rank) t.cross_rank = static_cast<int>(cross_members.size());
-      cross_members.push_back(members_[r]);
-    }
-  }
-  t.cross_size = static_cast<int>(cross_members.size());
+  std::vector<std::string> hosts;
+  for (int member : members_) hosts.push_back(fabric_->hostnames()[member]);
+  const int me = static_cast<int>(std::find(members_.begin(), members_.end(), fabric_->rank()) -
+                                  members_.begin());
+  topology_ = TcpTopology(hosts, me);
   if (!with_parts) return;
+  const Layout layout = LayOut(hosts);
+  std::vector<int> local_members, cross_members;
+  for (size_t r = 0; r < members_.size(); ++r) {
+    if (layout.host_of[r] == layout.host_of[me]) local_members.push_back(members_[r]);
+    if (layout.local_rank[r] == layout.local_rank[me]) cross_members.push_back(members_[r]);
+  }
   local_.reset(new TcpCommunicator(fabric_, ChildContext(context_, 0, 1), local_members));
   local_->Build(false);
   cross_.reset(new TcpCommunicator(fabric_, ChildContext(context_, 0, 2), cross_members));
@@ -385,7 +405,79 @@ Status TcpCommunicator::Shrink(std::unique_ptr<Communicator>* out) {
   if (rendezvous_ == nullptr) return Communicator::Shrink(out);
   out->reset();
   std::shared_ptr<TcpFabric> fabric;
-  HORA_RETURN_IF_ERROR(rendezvous_->FormWorld(topology_.hostname, &fabric));
+  HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("shrink", topology_.hostname, &fabric));
+  *out = World(std::move(fabric), rendezvous_);
+  return Status::OK();
+}
+
+namespace {
+
+// Processes the launcher starts for a world (see TcpRendezvous::Spawn).
+// Their state is the launcher's; each rank asks it.
+class TcpSpawning : public Communicator::Spawning {
+ public:
+  TcpSpawning(TcpRendezvous* rendezvous, int count) : rendezvous_(rendezvous), count_(count) {}
+  int count() const override { return count_; }
+  bool Finished() const override {
+    if (final_) return true;
+    std::string state;
+    const Status status = rendezvous_->SpawnState(&state);
+    if (!status.ok()) {
+      result_ = status;
+    } else if (state == "ready") {
+      result_ = Status::OK();
+    } else if (state.rfind("failed", 0) == 0) {
+      result_ = Status::Internal("a process started to join the world failed" +
+                                 (state.size() > 6 ? state.substr(6) : std::string()));
+    } else {
+      return false;
+    }
+    final_ = true;
+    return true;
+  }
+  Status result() const override { return result_; }
+  // The world will not take them in: the launcher ends them.
+  void Cancel() override {
+    if (cancelled_) return;
+    cancelled_ = true;
+    rendezvous_->CancelSpawn();
+  }
+
+ private:
+  TcpRendezvous* rendezvous_;
+  int count_;
+  mutable bool final_ = false;
+  mutable Status result_;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+Status TcpCommunicator::StartSpawn(const std::vector<std::string>& argv, int count,
+                                   const SpawnInfo& info, std::shared_ptr<Spawning>* out) {
+  if (rendezvous_ == nullptr) return Communicator::StartSpawn(argv, count, info, out);
+  std::string hosts;
+  for (const auto& item : info) {
+    if (item.first == "host") hosts = item.second;
+  }
+  if (rank() == 0) HORA_RETURN_IF_ERROR(rendezvous_->Spawn(count, argv, hosts));
+  *out = std::make_shared<TcpSpawning>(rendezvous_, count);
+  return Status::OK();
+}
+
+Status TcpCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) {
+  out->reset();
+  if (rendezvous_ == nullptr || dynamic_cast<TcpSpawning*>(spawning) == nullptr) {
+    return Communicator::Merge(spawning, out);
+  }
+  // The processes that are ready come in, the same on every rank. With
+  // none (each was lost on the way), the world formed is this one's ranks
+  // again: it is dropped, and every rank goes on with this one.
+  std::shared_ptr<TcpFabric> fabric;
+  HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("merge", topology_.hostname, &fabric));
+  if (fabric->size() == size()) {
+    return Status::Internal("the process(es) started to join the world were lost on the way");
+  }
   *out = World(std::move(fabric), rendezvous_);
   return Status::OK();
 }

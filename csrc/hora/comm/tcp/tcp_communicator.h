@@ -17,6 +17,11 @@ namespace hora {
 
 class TcpRendezvous;
 
+// The topology a process of the world whose hosts are `hosts` (in rank
+// order) has at `rank`: hosts in the order of their first rank, local ranks
+// in rank order within a host.
+Topology TcpTopology(const std::vector<std::string>& hosts, int rank);
+
 class TcpCommunicator : public Communicator {
  public:
   // The whole world over a connected fabric, with its local and cross
@@ -49,6 +54,12 @@ class TcpCommunicator : public Communicator {
   // The launcher decides who is in the next world: every process it
   // counts as alive asks for it (see tcp_rendezvous.h).
   Status Shrink(std::unique_ptr<Communicator>* out) override;
+  // Growth: rank 0 asks the launcher to start the processes (the `host`
+  // info key places them); Merge forms the world of this one's ranks and
+  // those of them that are ready, through the launcher.
+  Status StartSpawn(const std::vector<std::string>& argv, int count, const SpawnInfo& info,
+                    std::shared_ptr<Spawning>* out) override;
+  Status Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) override;
   Status PostSend(const void* buffer, int64_t bytes, int dest, int tag, int* id) override;
   Status PostRecv(void* buffer, int64_t bytes, int source, int tag, int* id) override;
   Status Wait(int id) override;

@@ -85,7 +85,73 @@ Status TcpRendezvous::ReadLine(std::string* line) {
   }
 }
 
-Status TcpRendezvous::FormWorld(const std::string& hostname, std::shared_ptr<TcpFabric>* out) {
+Status TcpRendezvous::Send(const std::string& text) {
+  if (!sockets::TransferAll(fd_, const_cast<char*>(text.data()), text.size(), true, 5000)) {
+    return Status::Internal("the launcher's rendezvous at " + address_ +
+                            " is gone (the launcher ended, or its host did)");
+  }
+  return Status::OK();
+}
+
+Status TcpRendezvous::Spawn(int count, const std::vector<std::string>& argv,
+                            const std::string& hosts) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string text = "SPAWN " + std::to_string(count) + " " + (hosts.empty() ? "-" : hosts) + " " +
+                     std::to_string(argv.size()) + "\n";
+  for (const std::string& arg : argv) {
+    for (unsigned char c : arg) {
+      text += kHex[c >> 4];
+      text += kHex[c & 15];
+    }
+    text += "\n";
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Send(text);
+}
+
+Status TcpRendezvous::SpawnState(std::string* state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HORA_RETURN_IF_ERROR(Send("SPAWNSTATE\n"));
+  std::string line;
+  HORA_RETURN_IF_ERROR(ReadLine(&line));
+  if (line.rfind("SPAWNSTATE ", 0) != 0) {
+    return Status::Internal("the launcher's rendezvous sent '" + line + "'");
+  }
+  *state = line.substr(11);
+  return Status::OK();
+}
+
+Status TcpRendezvous::CancelSpawn() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Send("CANCEL\n");
+}
+
+Status TcpRendezvous::Place(const std::string& hostname, std::vector<std::string>* hosts,
+                            int* rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HORA_RETURN_IF_ERROR(Send("PLACE " + hostname + "\n"));
+  std::string line;
+  HORA_RETURN_IF_ERROR(ReadLine(&line));
+  std::istringstream words(line);
+  std::string kind;
+  int size = 0;
+  words >> kind >> *rank >> size;
+  if (kind == "ABORT")
+    return Status::Internal("the launcher ended this process's start:" + line.substr(5));
+  if (kind != "PLACE" || !words || size <= 0 || *rank < 0 || *rank >= size) {
+    return Status::Internal("the launcher's rendezvous sent '" + line + "'");
+  }
+  hosts->clear();
+  for (int r = 0; r < size; ++r) {
+    HORA_RETURN_IF_ERROR(ReadLine(&line));
+    hosts->push_back(line);
+  }
+  return Status::OK();
+}
+
+Status TcpRendezvous::FormWorld(const std::string& kind, const std::string& hostname,
+                                std::shared_ptr<TcpFabric>* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
   out->reset();
   TcpWorldSpec spec;
   int port = 0;
@@ -94,7 +160,8 @@ Status TcpRendezvous::FormWorld(const std::string& hostname, std::shared_ptr<Tcp
   for (const std::string& ip : sockets::LocalAddresses()) {
     addresses += (addresses.empty() ? "" : ",") + ip;
   }
-  const std::string form = "FORM " + hostname + " " + std::to_string(port) + " " + addresses + "\n";
+  const std::string form =
+      "FORM " + kind + " " + hostname + " " + std::to_string(port) + " " + addresses + "\n";
   if (!sockets::TransferAll(fd_, const_cast<char*>(form.data()), form.size(), true, 5000)) {
     close(spec.listen_fd);
     return Status::Internal("the launcher's rendezvous at " + address_ + " is gone");
@@ -102,14 +169,14 @@ Status TcpRendezvous::FormWorld(const std::string& hostname, std::shared_ptr<Tcp
   std::string line;
   Status status = ReadLine(&line);
   std::istringstream words(line);
-  std::string kind;
+  std::string answer;
   int size = 0;
-  words >> kind;
-  if (status.ok() && kind == "ABORT") {
+  words >> answer;
+  if (status.ok() && answer == "ABORT") {
     std::string reason;
     std::getline(words, reason);
     status = Status::Internal("the launcher ended the job:" + reason);
-  } else if (status.ok() && kind == "WORLD") {
+  } else if (status.ok() && answer == "WORLD") {
     words >> generation_ >> spec.rank >> size >> spec.cookie;
     if (!words || size <= 0 || spec.rank < 0 || spec.rank >= size) {
       status = Status::Internal("the launcher's rendezvous sent '" + line + "'");

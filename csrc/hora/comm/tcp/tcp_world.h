@@ -21,4 +21,11 @@ struct TcpWorldOptions {
 // one with the survivors, through the same rendezvous.
 Status CreateTcpWorld(const TcpWorldOptions& options, std::unique_ptr<Communicator>* out);
 
+// A process that a world over TCP had the launcher start
+// (Communicator::StartSpawn): StartTcpJoining connects to the rendezvous
+// and learns the place it will have in the world, without joining;
+// FinishTcpJoining joins (with the world's Merge).
+Status StartTcpJoining(const TcpWorldOptions& options, Topology* place);
+Status FinishTcpJoining(const TcpWorldOptions& options, std::unique_ptr<Communicator>* out);
+
 }  // namespace hora

@@ -32,7 +32,10 @@ _OWN_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
 _OWN_NAMES = frozenset(
     f"{lead}_{name}" for lead in ("HORA", "HOROVOD")
     for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE")) | {
-        "HORA_RUNNER_REPORT_FD", "HORA_ELASTIC_JOINER_ID", "HORA_ELASTIC_JOINER_RANK"}
+        "HORA_RUNNER_REPORT_FD", "HORA_ELASTIC_JOINER_ID", "HORA_ELASTIC_JOINER_RANK",
+        # horarun's own launch (--transport tcp) gives each process its own
+        "HORA_LAUNCH_RANK", "HORA_LAUNCH_SIZE", "HORA_LAUNCH_LOCAL_RANK", "HORA_LAUNCH_LOCAL_SIZE",
+        "HORA_PROCESS_ID", "HORA_RENDEZVOUS", "HORA_RENDEZVOUS_COOKIE"}
 # A replacement that cannot start or join is tried again at most this many
 # times in a row.
 _MAX_FAILURES = 3
@@ -55,11 +58,8 @@ class Growth:
     taken in. Every rank holds one and makes the same calls."""
 
     def __init__(self, env: dict[str, str]):
-        # (over hora's TCP transport, horarun's own launch, the world does
-        # not start processes: it goes on with the ranks that are left)
         self.enabled = (env.get("HORA_ELASTIC_IN_PLACE") == "1"
-                        and env.get("HORA_ELASTIC_REPLACE", "1") != "0"
-                        and "HORA_RENDEZVOUS" not in env)
+                        and env.get("HORA_ELASTIC_REPLACE", "1") != "0")
         launch = env.get("HORA_RANK_EXEC")
         self.launch: dict[str, Any] | None = json.loads(launch) if launch else None
         # the world size to come back to: the launch's, or what host
