@@ -176,6 +176,21 @@ def _elastic_job(fake_hosts, tmp_path, hosts, np, options, changes):
     return output
 
 
+def _kill_host(fake_hosts, host):
+    """SIGKILLs every process of a pretend host (its ranks, their wrappers
+    and any launcher daemon there); the pids killed."""
+    killed = []
+    pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces[host]],
+                          capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def _same_parameters(tmp_path, ranks):
     import torch
     results = [torch.load(tmp_path / f"out.rank{r}.pt") for r in range(ranks)]
@@ -199,13 +214,7 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
         if "world of 2 from" in line and worlds == 0:
             worlds = 1
             hosts_file.write_text("ns-a:1\n")
-            pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
-                                  capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_host(fake_hosts, "ns-b")
         elif "world of 1 from" in line and worlds == 1:
             worlds = 2
             hosts_file.write_text("ns-a:1\nns-b:1\n")
@@ -231,14 +240,7 @@ def test_elastic_job_loses_a_whole_host_in_place_over_tcp(fake_hosts, tmp_path):
     def changes(line, hosts_file):
         if "world of 2 from" in line and not killed:
             hosts_file.write_text("ns-a:1\n")
-            pids = subprocess.run(["ip", "netns", "pids", fake_hosts.namespaces["ns-b"]],
-                                  capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(pid)
-                except ProcessLookupError:
-                    pass
+            killed.extend(_kill_host(fake_hosts, "ns-b"))
 
     output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\nns-b:1\n", 2,
                           ["--elastic-in-place", "--no-replace", "--transport", "tcp",

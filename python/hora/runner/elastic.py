@@ -31,6 +31,9 @@ from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
 from hora.runner.supervise import Outcome, live_ranks
 
+# In place, how long a host gone from discovery may still hold ranks that
+# are alive before the world is formed again without it.
+LOST_HOST_GRACE_S = 5.0
 # How often the discovery script is run while the job trains.
 DISCOVERY_INTERVAL_S = 1.0
 DISCOVERY_TIMEOUT_S = 30.0
@@ -263,6 +266,7 @@ class _Watcher:
         size = hostlib.total_slots(world)
         names = {h.name for h in world}
         said = ""
+        held_since = None  # when a removed host was first seen still holding live ranks
         while not self._stop.wait(DISCOVERY_INTERVAL_S):
             found = discovery.hosts()
             if found is None:
@@ -283,6 +287,15 @@ class _Watcher:
                 names = {h.name for h in world}
                 self.world = list(world)
                 continue
+            if gone and options.in_place and gone & live_ranks.hosts():
+                # A host lost whole: its ranks' ends may still be on their
+                # way (the list can change first); the world needs a new
+                # form only if they are still alive after a while.
+                held_since = held_since or time.monotonic()
+                if time.monotonic() - held_since < LOST_HOST_GRACE_S:
+                    continue
+            else:
+                held_since = None
             if gone and options.in_place and not gone & live_ranks.hosts():
                 # Its ranks were lost already, and the others went on in
                 # place without them (a whole host lost, over hora's TCP
