@@ -216,7 +216,6 @@ std::shared_ptr<TcpFabric::Request> TcpFabric::PostSend(uint64_t context, int ta
     } else {
       auto kept = std::make_shared<Unexpected>();
       kept->data.assign(static_cast<const char*>(data), static_cast<size_t>(bytes));
-      kept->got = bytes;
       kept->complete = true;
       unexpected_[key].push_back(std::move(kept));
     }

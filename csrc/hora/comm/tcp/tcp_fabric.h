@@ -83,7 +83,6 @@ class TcpFabric {
   // Fails every pending and later request here and, by a notice over every
   // connection, on every other process of the world. Any thread may call it.
   void Revoke(const std::string& why);
-  bool revoked() const { return revoked_.load(); }
   // "lost rank 2 (host h): why" for the first peer this process lost, or
   // empty: a revoke says what caused it.
   std::string FirstLoss();
@@ -100,7 +99,6 @@ class TcpFabric {
 
   struct Unexpected {
     std::string data;
-    int64_t got = 0;
     bool complete = false;
     std::shared_ptr<Request> claimed;  // a receive posted while it arrived
   };
@@ -148,9 +146,6 @@ class TcpFabric {
 };
 
 class TcpFabric::Request {
- public:
-  bool done() const { return done_; }
-
  private:
   friend class TcpFabric;
   bool send = false;

@@ -177,7 +177,8 @@ Status TcpRendezvous::FormWorld(const std::string& kind, const std::string& host
     std::getline(words, reason);
     status = Status::Internal("the launcher ended the job:" + reason);
   } else if (status.ok() && answer == "WORLD") {
-    words >> generation_ >> spec.rank >> size >> spec.cookie;
+    int64_t generation = 0;
+    words >> generation >> spec.rank >> size >> spec.cookie;
     if (!words || size <= 0 || spec.rank < 0 || spec.rank >= size) {
       status = Status::Internal("the launcher's rendezvous sent '" + line + "'");
     }

@@ -57,7 +57,6 @@ class TcpRendezvous {
   // (see above); `hostname` is the host this process counts as.
   Status FormWorld(const std::string& kind, const std::string& hostname,
                    std::shared_ptr<TcpFabric>* out);
-  int64_t generation() const { return generation_; }
 
   // Growth (rank 0 of a world): starts `count` processes running `argv`,
   // placed as `hosts` says ("host:count,...", empty: where the launcher
@@ -79,7 +78,6 @@ class TcpRendezvous {
   int fd_;
   std::string address_;
   std::string buffered_;
-  int64_t generation_ = -1;
 };
 
 }  // namespace hora
