@@ -182,7 +182,7 @@ def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, transport, jo
         ["-np", str(ranks), "--min-np", str(ranks - 1), "--elastic-in-place",
          "--transport", transport, sys.executable, SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
-                   "HORA_TEST_STEP_SLEEP": "0.3",
+                   "HORA_TEST_STEP_SLEEP": "0.3", "HORA_TEST_END_SIZE": str(ranks),
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
     assert f"horarun: rank {lost} on host" in output, output

@@ -18,6 +18,9 @@ after a replacement then joined), with the same split. At the end every
 rank saves its parameters (and whether it was a replacement) to
 HORA_TEST_OUT.rank<N>.pt. HORA_TEST_LINGER="<rank>:<seconds>" keeps that
 rank of the last world busy for that long after it is done, before it exits.
+HORA_TEST_END_SIZE=<n> trains on, an epoch at a time (at most
+EXTRA_EPOCHS more), until the world has <n> ranks again: a replacement
+that starts slowly on a loaded machine still joins before the end.
 """
 
 import os
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 
 import hora.torch as hvd
 
-EPOCHS, BATCHES, COMMIT_EVERY = 3, 12, 4
+EPOCHS, BATCHES, COMMIT_EVERY, EXTRA_EPOCHS = 3, 12, 4, 15
 
 hvd.init()
 torch.manual_seed(0)
@@ -41,6 +44,7 @@ optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_par
 state = hvd.elastic.TorchState(model=model, optimizer=optimizer, epoch=0, batch=0, resets=0)
 faults = [f.split(":") for f in os.environ.get("HORA_TEST_FAULT", "").split(",") if f]
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
+end_size = int(os.environ.get("HORA_TEST_END_SIZE", "0"))
 launch = os.environ.get("HORA_ELASTIC_RESTARTS", "0")
 # Faults name a rank of the world the process started in: a world re-formed
 # in place (--elastic-in-place) numbers the survivors anew.
@@ -108,7 +112,9 @@ def train(state):
     if hvd.rank() == 0:
         print(f"world of {hvd.size()} from epoch {state.epoch} batch {state.batch} "
               f"(launch {launch}, resets {state.resets})", flush=True)
-    while state.epoch < EPOCHS:
+    # every rank of a world sees the same size and epoch, so all stop together
+    while state.epoch < EPOCHS or (hvd.size() < end_size
+                                   and state.epoch < EPOCHS + EXTRA_EPOCHS):
         while state.batch < BATCHES:
             maybe_fail()
             time.sleep(step_sleep)
