@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 if [ -x .venv/bin/mpicc ]; then export PATH="$PWD/.venv/bin:$PATH"; fi
 build="${HORA_CPP_BUILD:-build/cpp-tests}"
 mkdir -p "$build"
+build="$(cd "$build" && pwd)"  # (an absolute path, given or not)
 gtest_args=()
 have_gtest() {
   [ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake ] ||
@@ -21,7 +22,7 @@ if [ -n "${HORA_GTEST_SOURCE_DIR:-}" ]; then
 elif [ -f /usr/src/googletest/CMakeLists.txt ]; then
   gtest_args=("-DHORA_GTEST_SOURCE_DIR=/usr/src/googletest")
 elif ! have_gtest; then
-  source_dir="$PWD/$build/googletest/usr/src/googletest"
+  source_dir="$build/googletest/usr/src/googletest"
   if [ ! -f "$source_dir/CMakeLists.txt" ]; then
     if ! command -v apt-get >/dev/null; then
       echo "GoogleTest is needed for the C++ tests: install it (libgtest-dev, gtest-devel, conda's gtest)" >&2
@@ -29,7 +30,7 @@ elif ! have_gtest; then
       exit 1
     fi
     echo "fetching Debian's googletest source package for the C++ tests..."
-    lists="$PWD/$build/apt-lists"
+    lists="$build/apt-lists"
     mkdir -p "$lists/partial" "$build/googletest"
     apt_opts=(-o "Dir::State::Lists=$lists" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
     (cd "$build" && apt-get -qq "${apt_opts[@]}" download googletest >/dev/null 2>&1) || {
@@ -40,7 +41,7 @@ elif ! have_gtest; then
   fi
   gtest_args=("-DHORA_GTEST_SOURCE_DIR=$source_dir")
 fi
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHORA_BUILD_PYTHON=OFF -DHORA_BUILD_TESTS=ON \
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHORA_BUILD_PYTHON=OFF -DHORA_BUILD_TESTS=ON -DHORA_UNITY_BUILD=OFF \
   "${gtest_args[@]}" >"$build/configure.log" || { cat "$build/configure.log" >&2; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target hora_cpp_tests >"$build/build.log" 2>&1 ||
   { tail -n 60 "$build/build.log" >&2; exit 1; }

@@ -182,7 +182,7 @@ def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, transport, jo
         ["-np", str(ranks), "--min-np", str(ranks - 1), "--elastic-in-place",
          "--transport", transport, sys.executable, SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": fault,
-                   "HORA_TEST_STEP_SLEEP": "0.3", "HORA_TEST_END_SIZE": str(ranks),
+                   "HORA_TEST_STEP_SLEEP": "0.1", "HORA_TEST_END_SIZE": str(ranks),
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
     assert f"horarun: rank {lost} on host" in output, output
@@ -290,7 +290,7 @@ def test_discovery_grows_the_world_in_place(fault, job_env, tmp_path):
     prefix = str(tmp_path / "out")
     job = _start(["-np", "2", "--min-np", "1", "--max-np", "3", "--elastic-in-place",
                   "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
-                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.1", "HORA_TEST_END_SIZE": "3",
                   "HORA_TEST_FAULT": fault, "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     lines = []
     for line in job.stdout:  # once training runs, a slot is added
@@ -380,7 +380,7 @@ def test_a_stopped_rank_is_killed_and_replaced_in_place(job_env, tmp_path):
     prefix = str(tmp_path / "out")
     job = _start(["-np", "3", "--min-np", "2", "--elastic-in-place", sys.executable, SCRIPT],
                  job_env, tmp_path,
-                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.3",
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.1", "HORA_TEST_END_SIZE": "3",
                   "HORA_ELASTIC_STOPPED_SECONDS": "2",
                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     output = _signal_one_rank_once(job, SCRIPT, "world of 3", signal.SIGSTOP)

@@ -22,6 +22,7 @@ import pytest
 
 from hora.bench import netns_hosts
 from hora.runner import mpi_command
+from test_parallel_suite import REDUCING
 
 ROOT = pathlib.Path(__file__).resolve().parent
 JOB_TIMEOUT_SECONDS = 600
@@ -102,6 +103,12 @@ def test_collective_suite_across_hosts(fake_hosts, host_arg):
     # Compiled graphs call the same collectives; compiling them again across
     # the hosts would only add minutes.
     skip.append(f"--ignore={ROOT / 'parallel' / 'test_torch_compile.py'}")
+    # Two ranks on each host: the collectives and the hierarchical paths
+    # across the hosts (the one-rank-per-host job runs every file).
+    files = [str(ROOT / "parallel")] if ranks <= 2 else \
+        [str(ROOT / "parallel" / name) for name in
+         (*REDUCING, "test_allgather.py", "test_alltoall.py", "test_broadcast.py",
+          "test_runtime.py")]
     # Each pretend host believes it has all of this machine's cores, so with
     # two ranks on each, mpirun would pin one rank of each host to every
     # core, and a test that busy-polls a handle would starve its core's
@@ -114,7 +121,7 @@ def test_collective_suite_across_hosts(fake_hosts, host_arg):
     before = fake_hosts.tx_bytes()
     done = horarun(fake_hosts, host_arg,
                    [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "-o", "faulthandler_timeout=240", *skip, str(ROOT / "parallel")],
+                    "-o", "faulthandler_timeout=240", *skip, *files],
                    extra_env=env, options=options,
                    yield_when_idle=ranks > mpi_command.usable_cores())
     summary = [line for line in done.stdout.splitlines() if " passed" in line or " failed" in line]
@@ -140,7 +147,7 @@ def test_dead_rank_on_a_remote_host_is_named(fake_hosts):
     assert time.monotonic() - began < 30
 
 
-def _elastic_job(fake_hosts, tmp_path, hosts, np, options, changes):
+def _elastic_job(fake_hosts, tmp_path, hosts, np, options, changes, extra_env=None):
     """An elastic horarun job of tests/elastic/train_elastic.py over the
     fake hosts, with a discovery script listing ``hosts``; ``changes(line,
     hosts_file)`` sees each line of its output as it comes. Its output."""
@@ -153,6 +160,7 @@ def _elastic_job(fake_hosts, tmp_path, hosts, np, options, changes):
            if not key.startswith(("OMPI_COMM_WORLD_", "PMIX_", "PMI_", "HORA_TEST_"))}
     env.update(HORA_TEST_STEP_SLEEP="0.15", HORA_TEST_OUT=str(tmp_path / "out"),
                HORA_ELASTIC_STATE_DIR=str(tmp_path / "state"))
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "hora.runner", "-np", str(np), "--min-np", "1", "--max-np", "2",
            *options, "--host-discovery-script", str(discover),
            "--supervisor-address", f"{fake_hosts.subnet}.254",
@@ -228,33 +236,51 @@ def test_elastic_job_loses_a_whole_host_and_gets_it_back(fake_hosts, tmp_path):
     assert all(result["resets"] == 2 for result in results)
 
 
-def test_elastic_job_loses_a_whole_host_in_place_over_tcp(fake_hosts, tmp_path):
+def test_elastic_job_loses_a_whole_host_in_place_over_tcp_and_gets_it_back(fake_hosts,
+                                                                           tmp_path):
     """--elastic-in-place --transport tcp: every process of host ns-b is
     SIGKILLed and ns-b leaves the discovery script's list. No launcher
     daemon runs there whose loss could end the job, so the rank on ns-a
     goes on in its own process from the step in flight, nothing launched
-    again, and trains to the end."""
+    again; no replacement is started on the lost host. Listed again, ns-b
+    gets a process that joins the world at a commit."""
     pytest.importorskip("torch")
     killed = []
+    listed_again = []
 
     def changes(line, hosts_file):
         if "world of 2 from" in line and not killed:
             hosts_file.write_text("ns-a:1\n")
             killed.extend(_kill_host(fake_hosts, "ns-b"))
+        elif "no rank of the job is left there" in line and not listed_again:
+            listed_again.append(line)
+            hosts_file.write_text("ns-a:1\nns-b:1\n")
 
     output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\nns-b:1\n", 2,
-                          ["--elastic-in-place", "--no-replace", "--transport", "tcp",
-                           "--remote-shell", str(fake_hosts.agent)], changes)
-    assert killed, output[-20000:]
+                          ["--elastic-in-place", "--transport", "tcp",
+                           "--remote-shell", str(fake_hosts.agent)], changes,
+                          {"HORA_TEST_END_SIZE": "2"})
+    assert killed and listed_again, output[-20000:]
     assert "the other ranks go on in place" in output, output[-20000:]
     assert "1 rank(s) go on in place (world re-formed in" in output, output[-20000:]
     assert "world of 1 from epoch" in output and "(launch 0, resets 1)" in output, \
         output[-20000:]
-    assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
     assert "horarun: host(s) ns-b removed; no rank of the job is left there" in output, \
         output[-20000:]
-    result = _same_parameters(tmp_path, 1)[0]
-    assert result["resets"] == 1
+    assert "horarun: more slots found (ns-a:1, ns-b:1)" in output, output[-20000:]
+    # nothing was started on ns-b while it was gone: the survivors' request
+    # failed, saying why
+    assert "no slot to start it in (host(s) ns-b lost with their processes)" in output, \
+        output[-20000:]
+    lines = output.splitlines()
+    started = [i for i, line in enumerate(lines) if "started on host" in line]
+    listed = next(i for i, line in enumerate(lines) if "more slots found" in line)
+    assert started and all(lines[i].endswith("on host ns-b") and i > listed for i in started), \
+        output[-20000:]
+    assert "replacement process(es) joined; 2 ranks go on in place" in output, output[-20000:]
+    assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
+    results = _same_parameters(tmp_path, 2)
+    assert results[0]["joiner"] is None and results[1]["joiner"] is not None
 
 
 @pytest.mark.parametrize("transport", ["mpi", "tcp"])

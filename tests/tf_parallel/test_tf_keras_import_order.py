@@ -6,10 +6,10 @@ name for Keras 3 and built its callbacks on Keras 3's ``Callback``, so
 ``model.fit`` failed with ``AttributeError: ... no attribute
 '_implements_train_batch_hooks'``.
 
-Each rank runs a script in a process of its own (a one-process hora job, out
-of this job's launcher), since the import order and the variable only count
-before TensorFlow and hora are imported; every rank checks its script's
-report."""
+The script runs in a process of its own (a one-process hora job, out of
+this job's launcher), since the import order and the variable only count
+before TensorFlow and hora are imported. The world size does not enter
+into it, so only the 1-rank job of the suite runs it."""
 
 import json
 import os
@@ -81,6 +81,8 @@ def _script_env(legacy):
 
 @pytest.mark.parametrize("legacy", ["1", "0"], ids=["keras2", "keras3"])
 def test_keras_imported_before_hora_serves_the_keras_of_tf_keras(legacy, tmp_path):
+    if hvd.size() > 1:
+        pytest.skip("a one-process check: the suite's 1-rank job runs it")
     if legacy == "1":
         pytest.importorskip("tf_keras")
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=_script_env(legacy),
@@ -101,5 +103,3 @@ def test_keras_imported_before_hora_serves_the_keras_of_tf_keras(legacy, tmp_pat
     assert result["sync_batch_norm_is_a_tf_keras_layer"] is True, result
     assert result["epochs"] == 2 and result["trained"] is True, result
     assert result["lr"] == pytest.approx(0.1), result
-    # every rank's script reported the same
-    assert all(other == result for other in hvd.allgather_object(result))

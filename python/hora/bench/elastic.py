@@ -26,7 +26,8 @@ churn (``--churn``): a 3-rank job (50 ms steps) trains for ``--churn-seconds``
     while the bench SIGKILLs one of its training processes (any, rank 0
     included) every ``--kill-every`` seconds; reported is the training that
     counts (samples, less what a relaunch rolls back) against the same job
-    without kills: in place with replacements, and relaunched.
+    without kills: in place with replacements (over MPI, and over hora's own
+    TCP transport), and relaunched.
 commit: ``state.commit()`` of a TorchState whose model has N MB of float32
     parameters (plus as much SGD momentum), in one process: the time the
     training thread spends in commit(), and how long the background write
@@ -212,8 +213,9 @@ def _churn_job(mode: str, seconds: float, every: float, folder: str) -> dict[str
                HORA_BENCH_CUDA="1" if _CUDA else "0")
     # (relaunched, a world that fails within a minute counts against its
     # host; three in a row would leave this machine out)
-    extra = (["--min-np", "3", "--blacklist-cooldown-range", "1", "1"] if mode == "relaunch"
-             else ["--min-np", "2", "--elastic-in-place"])
+    extra = {"relaunch": ["--min-np", "3", "--blacklist-cooldown-range", "1", "1"],
+             "in-place": ["--min-np", "2", "--elastic-in-place"],
+             "in-place-tcp": ["--min-np", "2", "--elastic-in-place", "--transport", "tcp"]}[mode]
     job = subprocess.Popen([sys.executable, "-m", "hora.runner", "-np", "3", *extra,
                             sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
@@ -249,6 +251,7 @@ def measure_churn(seconds: float, every: float) -> list[dict]:
     rows: list[dict[str, Any]] = []
     for name, mode, kill_every in (("no kills", "in-place", 0.0),
                                    ("in place", "in-place", every),
+                                   ("in place, tcp", "in-place-tcp", every),
                                    ("relaunch", "relaunch", every)):
         with tempfile.TemporaryDirectory(prefix="hora-bench-churn-") as folder:
             row = {"variant": name, **_churn_job(mode, seconds, kill_every, folder)}

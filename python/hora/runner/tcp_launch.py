@@ -37,6 +37,9 @@ from hora.runner.rendezvous import Rendezvous
 LOCAL_NAMES = {"localhost", "127.0.0.1", socket.gethostname()}
 # After SIGTERM, the ranks get this long before SIGKILL.
 STOP_GRACE_S = 5.0
+# A world's request for replacements waits at most this long for the ends
+# of the processes they replace to be handled here.
+SPAWN_WAIT_S = 3.0
 
 
 def placements(num_proc: int, host_list: list[hostlib.Host]) -> list[tuple[str, int, int]]:
@@ -50,6 +53,16 @@ def placements(num_proc: int, host_list: list[hostlib.Host]) -> list[tuple[str, 
             return result
     raise ValueError(f"{num_proc} ranks do not fit in the hosts' "
                      f"{sum(h.slots for h in host_list)} slots")
+
+
+def free_slots(capacity: dict[str, int], alive_hosts: list[str],
+               lost_hosts: set[str]) -> list[hostlib.Host]:
+    """Where replacements can go: each host's slots (``capacity``, in the
+    job's host order) less those its live processes (``alive_hosts``, one
+    entry each) hold; none on a host lost whole."""
+    return [hostlib.Host(name, slots - alive_hosts.count(name))
+            for name, slots in capacity.items()
+            if name not in lost_hosts and slots > alive_hosts.count(name)]
 
 
 def _relay(pipe, sink, rank, ended):
@@ -89,6 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     relays: dict[int, list[threading.Thread]] = {}
     reported: dict[int, threading.Event] = {}
     hosts_of: dict[int, str] = {}
+    # the job's slots per host (the launch's, and those growth added; none
+    # on a host lost whole), the processes whose end was handled, and the
+    # hosts lost whole (their processes' wrappers ended with them; a
+    # growth onto one takes it back)
+    capacity: dict[str, int] = {}
+    for host, _, _ in places:
+        capacity[host] = capacity.get(host, 0) + 1
+    handled: set[int] = set()
+    lost_hosts: set[str] = set()
     lock = threading.Lock()
     names = [n for n in args.env_names.split(",") if n and n in os.environ]
 
@@ -133,18 +155,48 @@ def main(argv: list[str] | None = None) -> int:
             thread.start()
 
     def spawn(ids: list[int], hosts: list[str], cmd: list[str]) -> None:
-        """A world's processes to join it: where ``hosts`` says, else in
-        the slots of the processes that ended (this host when none)."""
-        wanted = hostlib.parse_host_string(",".join(hosts)) if hosts else []
-        if not wanted:
+        """A world's processes to join it (in the background: the ends of
+        the processes they replace may still be on their way)."""
+        threading.Thread(target=spawn_now, args=(ids, hosts, cmd), daemon=True,
+                         name="hora-launch-spawn").start()
+
+    def spawn_now(ids: list[int], hosts: list[str], cmd: list[str]) -> None:
+        """Starts them where ``hosts`` says (new slots), else in the slots
+        of the processes that ended, never on a host lost whole."""
+        if hosts:
+            wanted = hostlib.parse_host_string(",".join(hosts))
             with lock:
-                freed = [hosts_of[i] for i, proc in procs.items() if proc.poll() is not None]
-            freed = freed or [places[0][0]]
-            wanted = [hostlib.Host(h, freed.count(h)) for h in dict.fromkeys(freed)]
-        try:
-            where = placements(len(ids), wanted)
-        except ValueError:
-            where = placements(len(ids), [hostlib.Host(wanted[0].name, len(ids))])
+                for host in wanted:
+                    capacity[host.name] = capacity.get(host.name, 0) + host.slots
+                    lost_hosts.discard(host.name)
+        else:
+            # Wait (briefly) until the ends of the processes the world lost
+            # were handled: whether their host went with them is known then.
+            deadline = time.monotonic() + SPAWN_WAIT_S
+            while True:
+                alive = set(rendezvous.alive()) - set(ids)
+                with lock:
+                    pending = [i for i in procs if i not in alive and i not in handled]
+                if not pending or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            with lock:
+                lost = sorted(lost_hosts)
+                short = len(ids) - sum(h.slots for h in free_slots(
+                    capacity, [hosts_of[i] for i in alive if i in hosts_of], lost_hosts))
+                if short > 0 and not lost:
+                    # a job on this machine grown by discovery (it names no
+                    # host): the new slots are the launch host's
+                    capacity[next(iter(capacity))] += short
+                wanted = free_slots(capacity, [hosts_of[i] for i in alive if i in hosts_of],
+                                    lost_hosts)
+            if short > 0 and lost:
+                why = (f"no slot to start it in (host(s) {', '.join(lost)} lost with their "
+                       f"processes)")
+                for process_id in ids:
+                    rendezvous.lost(process_id, why)
+                return
+        where = placements(len(ids), wanted)
         for index, (process_id, (host, local_rank, local_size)) in enumerate(zip(ids, where)):
             start(process_id, host, {"HORA_LAUNCH_RANK": str(index),
                                      "HORA_LAUNCH_SIZE": str(len(ids)),
@@ -179,12 +231,18 @@ def main(argv: list[str] | None = None) -> int:
                 if not reported[rank].is_set():
                     # Its wrapper went with it (a host lost whole): horarun
                     # hears of its end from here instead.
+                    if hosts_of[rank] not in LOCAL_NAMES:
+                        with lock:
+                            lost_hosts.add(hosts_of[rank])
+                            capacity.pop(hosts_of[rank], None)
                     code = proc.returncode
                     outcome = (f"signal={markers.signal_name(-code)}" if code < 0
                                else f"code={code or 1}")
                     marker = markers.Marker("exited", rank, hosts_of[rank], outcome, time.time())
                     sys.stdout.buffer.write(markers.encode(marker))
                     sys.stdout.buffer.flush()
+                with lock:
+                    handled.add(rank)
         if stopping.is_set() and stop_at is None:
             stop_at = time.monotonic() + STOP_GRACE_S
             for rank, proc in running.items():

@@ -476,6 +476,9 @@ Status TcpCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>*
   std::shared_ptr<TcpFabric> fabric;
   HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("merge", topology_.hostname, &fabric));
   if (fabric->size() == size()) {
+    // (rank 0, which asked the launcher how they fare, knows why)
+    const Status why = spawning->result();
+    if (!why.ok()) return why;
     return Status::Internal("the process(es) started to join the world were lost on the way");
   }
   *out = World(std::move(fabric), rendezvous_);

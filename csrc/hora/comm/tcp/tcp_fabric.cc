@@ -14,7 +14,7 @@
 namespace hora {
 namespace {
 
-constexpr int kConnectTimeoutMs = 10000;
+constexpr int kPeerConnectTimeoutMs = 10000;
 
 // The first bytes on every connection: who connects, and to which world.
 struct Hello {
@@ -34,7 +34,7 @@ int ConnectTo(const TcpPeer& peer, const std::string& my_host, const Hello& hell
   for (const std::string& address : peer.addresses) {
     const bool loopback = address.rfind("127.", 0) == 0;
     if (loopback && peer.hostname != my_host && peer.addresses.size() > 1) continue;
-    const int fd = sockets::ConnectWithTimeout(address, peer.port, kConnectTimeoutMs);
+    const int fd = sockets::ConnectWithTimeout(address, peer.port, kPeerConnectTimeoutMs);
     if (fd < 0) continue;
     Hello copy = hello;
     char accepted = 0;

@@ -17,7 +17,7 @@
 namespace hora {
 namespace {
 
-constexpr int kConnectTimeoutMs = 10000;
+constexpr int kRendezvousConnectTimeoutMs = 10000;
 
 // The IPv4 address of `host` ("127.0.0.1" stays as it is).
 bool Resolve(const std::string& host, std::string* ip) {
@@ -46,7 +46,7 @@ Status TcpRendezvous::Connect(const std::string& address, uint64_t cookie, int64
     return Status::InvalidArgument("HORA_RENDEZVOUS=" + address +
                                    ": expected the launcher's host:port");
   }
-  const int fd = sockets::ConnectWithTimeout(ip, port, kConnectTimeoutMs);
+  const int fd = sockets::ConnectWithTimeout(ip, port, kRendezvousConnectTimeoutMs);
   if (fd < 0) {
     return Status::Internal("could not reach the launcher's rendezvous at " + address + ": " +
                             std::strerror(errno));

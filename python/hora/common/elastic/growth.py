@@ -94,16 +94,19 @@ class Growth:
         :func:`hora.common.elastic.notifications.parse_growth`); starts the
         processes that fill them."""
         from hora.common.basics import rank
-        if update["grow"] <= self.target:
-            return
-        self.new_slots += update["grow"] - self.target
-        self.target = update["grow"]
         self.place += update["place"]
         self.add += update["add"]
         self.failures = 0
-        if rank() == 0:
-            print(f"hora.elastic: more slots found; the world grows to {self.target} ranks in "
-                  f"place", file=sys.stderr, flush=True)
+        if update["grow"] > self.target:
+            self.new_slots += update["grow"] - self.target
+            self.target = update["grow"]
+            if rank() == 0:
+                print(f"hora.elastic: more slots found; the world grows to {self.target} ranks "
+                      f"in place", file=sys.stderr, flush=True)
+        elif not update["place"]:
+            return
+        # (else slots came back where lost ranks were, a host lost whole
+        # listed again: the replacements still to start go there)
         self.replace_lost()
 
     def abandoned(self) -> None:
