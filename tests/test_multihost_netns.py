@@ -298,7 +298,10 @@ def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transp
     options = ["--elastic-in-place"]
     if transport == "tcp":
         options += ["--transport", "tcp", "--remote-shell", str(fake_hosts.agent)]
-    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, options, changes)
+    # (trains until the new process joined: its start, a daemon on a new
+    # host first over MPI, may take longer than the training would)
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\n", 1, options, changes,
+                          {"HORA_TEST_END_SIZE": "2"})
     assert ("horarun: more slots found (ns-a:1, ns-b:1); 1 new process(es) join the world in "
             "place at a commit") in output, output[-20000:]
     assert "horarun: new process 1 started on host ns-b" in output, output[-20000:]
