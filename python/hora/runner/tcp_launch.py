@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     relays: dict[int, list[threading.Thread]] = {}
     reported: dict[int, threading.Event] = {}
     hosts_of: dict[int, str] = {}
-    # the job's slots per host (the launch's, and those growth added; none
-    # on a host lost whole), the processes whose end was handled, and the
-    # hosts lost whole (their processes' wrappers ended with them; a
-    # growth onto one takes it back)
+    # the job's slots per host (the launch's, and those growth added), the
+    # processes whose end was handled, and the hosts lost whole (their
+    # processes' wrappers ended with them; a growth onto one takes it back
+    # with the slots it names)
     capacity: dict[str, int] = {}
     for host, _, _ in places:
         capacity[host] = capacity.get(host, 0) + 1
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             wanted = hostlib.parse_host_string(",".join(hosts))
             with lock:
                 for host in wanted:
-                    capacity[host.name] = capacity.get(host.name, 0) + host.slots
+                    before = 0 if host.name in lost_hosts else capacity.get(host.name, 0)
+                    capacity[host.name] = before + host.slots
                     lost_hosts.discard(host.name)
         else:
             # Wait (briefly) until the ends of the processes the world lost
@@ -182,14 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.02)
             with lock:
                 lost = sorted(lost_hosts)
-                short = len(ids) - sum(h.slots for h in free_slots(
-                    capacity, [hosts_of[i] for i in alive if i in hosts_of], lost_hosts))
+                alive_hosts = [hosts_of[i] for i in alive if i in hosts_of]
+                wanted = free_slots(capacity, alive_hosts, lost_hosts)
+                short = len(ids) - sum(h.slots for h in wanted)
                 if short > 0 and not lost:
                     # a job on this machine grown by discovery (it names no
                     # host): the new slots are the launch host's
                     capacity[next(iter(capacity))] += short
-                wanted = free_slots(capacity, [hosts_of[i] for i in alive if i in hosts_of],
-                                    lost_hosts)
+                    wanted = free_slots(capacity, alive_hosts, lost_hosts)
             if short > 0 and lost:
                 why = (f"no slot to start it in (host(s) {', '.join(lost)} lost with their "
                        f"processes)")
@@ -234,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
                     if hosts_of[rank] not in LOCAL_NAMES:
                         with lock:
                             lost_hosts.add(hosts_of[rank])
-                            capacity.pop(hosts_of[rank], None)
                     code = proc.returncode
                     outcome = (f"signal={markers.signal_name(-code)}" if code < 0
                                else f"code={code or 1}")
