@@ -305,6 +305,16 @@ def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transp
     assert ("horarun: more slots found (ns-a:1, ns-b:1); 1 new process(es) join the world in "
             "place at a commit") in output, output[-20000:]
     assert "horarun: new process 1 started on host ns-b" in output, output[-20000:]
+    if transport == "mpi" and "Open MPI 5.0's daemons can crash after that" in output:
+        # Open MPI 5.0.x: a prted on a host added to the job by the spawn
+        # can segfault serving a direct modex request for a process it has
+        # not set up yet (seen in CI and on a 2-core VM; it depends on the
+        # timing). horarun must then say so and launch again, and the job
+        # must still finish on both hosts, nothing lost.
+        assert "horarun: world 2: 2 rank(s) on ns-a:1, ns-b:1" in output, output[-20000:]
+        _same_parameters(tmp_path, 2)
+        pytest.xfail("Open MPI's daemon on the added host crashed (an Open MPI 5.0 fault); "
+                     "horarun launched again and the job finished on both hosts")
     assert "new process(es) joined; 2 ranks go on in place" in output, output[-20000:]
     assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
     results = _same_parameters(tmp_path, 2)

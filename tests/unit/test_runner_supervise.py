@@ -322,3 +322,26 @@ def test_in_place_a_job_ends_well_when_every_rank_and_replacement_left_ends_well
     # but a replacement whose end was never reported does
     outcome, *_ = run(body.replace('emit("exited", 2, "code=0")', ''), in_place=True)
     assert outcome.code != 0
+
+
+def test_a_daemon_lost_on_a_host_the_job_grew_onto_names_the_open_mpi_fault():
+    # One rank launched on host0; a process started in place on host1 (a
+    # host mpirun added as the job grew); then host1's daemon is lost.
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1, "new")
+        sys.stderr.write("  Remote daemon: [prterun-x@0,2] on node host1\\n")
+        sys.exit(1)
+    """, num_proc=1, in_place=True)
+    assert outcome.code == 1 and outcome.lost_host == "host1"
+    assert outcome.message == (
+        "horarun: host host1 was lost (mpirun lost its daemon there), and with it rank(s) 1; "
+        "the job was stopped (the job had grown in place onto host(s) host1: Open MPI 5.0's "
+        "daemons can crash after that, in their direct modex handler; --transport tcp starts "
+        "new processes without them)")
+    # A host the launch had ranks on: no such note.
+    outcome, *_ = run("""
+        emit("started", 0); emit("started", 1)
+        sys.stderr.write("  Remote daemon: [prterun-x@0,1] on node host1\\n")
+        sys.exit(1)
+    """)
+    assert "grown in place" not in outcome.message

@@ -293,6 +293,11 @@ def run(cmd, num_proc, start_timeout, stdout, stderr, log, env=None, in_place=Fa
         cause = None
     outcome = _outcome(code, num_proc, started, cause, stop_signal, start_expired,
                        start_timeout, exited, lost)
+    grown_onto = _grown_onto(hosts, num_proc)
+    if lost is not None and grown_onto and outcome.code != 0:
+        outcome.message += (f" (the job had grown in place onto host(s) {', '.join(grown_onto)}: "
+                            f"Open MPI 5.0's daemons can crash after that, in their direct modex "
+                            f"handler; --transport tcp starts new processes without them)")
     outcome.transient_start_failure = (transient and code != 0 and not started
                                        and stop_signal is None)
     return outcome
@@ -344,6 +349,13 @@ def _raised_its_own(rank, raised):
     """Whether ``rank`` failed with an exception of its own (not a peer's)."""
     marker = raised.get(rank)
     return marker is not None and not marker.outcome.startswith("peer")
+
+
+def _grown_onto(hosts, num_proc):
+    """Hosts that only processes started in place (ranks from ``num_proc``
+    on) ran on: hosts mpirun added to the job as it grew."""
+    launched = {host for rank, host in hosts.items() if rank < num_proc}
+    return sorted({host for rank, host in hosts.items() if rank >= num_proc} - launched)
 
 
 def _lost_ranks(lost, hosts, exited):
