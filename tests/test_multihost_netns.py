@@ -321,6 +321,33 @@ def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transp
     assert [result["joiner"] for result in results] == [None, "1"]
 
 
+def test_multihost_bench_over_hora_tcp_transport_times_the_ranks_together(tmp_path):
+    """--transport tcp: no MPI job, so the benchmark times and gathers over
+    hora (each rank's MPI world is its own; it once had rank 1 wait for ever
+    in a gloo world of its own while rank 0 timed hora alone). gloo runs
+    beside hora; MPI is skipped, saying why."""
+    reason = _why_not() or netns_hosts.why_not(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "multihost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hora.bench", "multihost", "--transport", "tcp", "--rate", "1gbit",
+         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
+         "--compare", "gloo", "--json", str(out)], cwd=ROOT.parent,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-20000:]
+    result = json.loads(out.read_text())
+    link = result["link_bytes_per_second"]
+    [entry] = result["sizes"]
+    expected = {"hora"} | ({"gloo"} if importlib.util.find_spec("torch") else set())
+    assert set(entry["impls"]) == expected, entry
+    for name, impl in entry["impls"].items():
+        assert impl["wrong"] == 0, (name, impl)
+        # the slowest rank's time: never faster than the link allows
+        assert 0 < impl["busbw"] * 1e9 <= 1.05 * link, (name, impl)
+
+
 def test_multihost_bench_shapes_the_links_and_checks_every_result(tmp_path):
     """python -m hora.bench multihost builds hosts of its own, limits their
     links and runs the allreduce sweep across them: every result is right,

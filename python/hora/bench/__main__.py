@@ -63,6 +63,7 @@ except ImportError as exc:
 
 import hora
 from hora.bench import implementations, resnet50
+from hora.bench import world as bench_world
 from hora.bench.timing import iterations_for, percentile, timed, timed_interleaved
 
 # (busbw factor, check) per collective; factors follow nccl-tests with the
@@ -81,7 +82,7 @@ LOG_RANK = 0
 
 
 def log(message):
-    if MPI.COMM_WORLD.Get_rank() == LOG_RANK:
+    if hora.rank() == LOG_RANK:
         print(message, flush=True)
 
 
@@ -360,9 +361,9 @@ def main(argv=None):
     args.compare = [c for c in args.compare.split(",") if c and c != "hora"]
     args.collective = args.benchmark
 
-    world = MPI.COMM_WORLD
     dynamic = bool(args.process_set or args.idle_set or args.busy_set)
     hora.init(process_sets="dynamic" if dynamic else None)
+    world = bench_world.world()  # MPI's, or hora's without an MPI job
     comm = world
     if args.idle_set:
         if args.benchmark != "latency":

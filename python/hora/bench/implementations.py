@@ -10,6 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hora
+from hora.bench import world as bench_world
 
 
 class Scope:
@@ -18,8 +19,13 @@ class Scope:
     the alternatives on an MPI communicator of the same ranks."""
 
     def __init__(self, comm=None, process_set=None):
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self._comm = comm
         self.process_set = process_set or hora.global_process_set
+
+    @property
+    def comm(self):
+        """The communicator given, else the job's (see :mod:`hora.bench.world`)."""
+        return self._comm if self._comm is not None else bench_world.world()
 
     @property
     def subset(self):
@@ -67,7 +73,8 @@ class Mpi:
     name = "mpi"
 
     def __init__(self):
-        self.reason = None
+        self.reason = None if bench_world.has_mpi_world() else (
+            "the ranks are not one MPI job (horarun --transport tcp)")
         self.comm = SCOPE.comm
 
     def allreduce(self, buffer):
@@ -111,7 +118,7 @@ class Gloo:
         except ImportError:
             self.reason = "torch is not installed"
             return
-        comm = MPI.COMM_WORLD
+        comm = SCOPE.comm
         port = comm.bcast(_free_port() if comm.Get_rank() == 0 else None, root=0)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ["MASTER_PORT"] = str(port)
