@@ -321,23 +321,31 @@ def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transp
     assert [result["joiner"] for result in results] == [None, "1"]
 
 
+def _multihost_bench(tmp_path, *options):
+    """``python -m hora.bench multihost`` at 1 MiB over 1 Gb/s links with
+    ``options``: the network namespaces there were before, the finished
+    run and its JSON results (skips where the machine cannot make the hosts)."""
+    reason = _why_not() or netns_hosts.why_not(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    before = _ip("netns", "list").stdout
+    out = tmp_path / "multihost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "hora.bench", "multihost", "--rate", "1gbit",
+         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
+         *options, "--json", str(out)], cwd=ROOT.parent,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-20000:]
+    return before, done, json.loads(out.read_text())
+
+
 def test_multihost_bench_over_hora_tcp_transport_times_the_ranks_together(tmp_path):
     """--transport tcp: no MPI job, so the benchmark times and gathers over
     hora (each rank's MPI world is its own; it once had rank 1 wait for ever
     in a gloo world of its own while rank 0 timed hora alone). gloo runs
     beside hora; MPI is skipped, saying why."""
-    reason = _why_not() or netns_hosts.why_not(need_tc=True)
-    if reason:
-        pytest.skip(reason)
-    out = tmp_path / "multihost.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "hora.bench", "multihost", "--transport", "tcp", "--rate", "1gbit",
-         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
-         "--compare", "gloo", "--json", str(out)], cwd=ROOT.parent,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-20000:]
-    result = json.loads(out.read_text())
+    *_, result = _multihost_bench(tmp_path, "--transport", "tcp", "--compare", "gloo")
     link = result["link_bytes_per_second"]
     [entry] = result["sizes"]
     expected = {"hora"} | ({"gloo"} if importlib.util.find_spec("torch") else set())
@@ -354,19 +362,7 @@ def test_multihost_bench_shapes_the_links_and_checks_every_result(tmp_path):
     and nothing crosses a link faster than its rate allows. gloo, where
     torch is installed, finds its peer across the hosts (it once waited for
     ever, looking for the store on each host's own loopback)."""
-    reason = _why_not() or netns_hosts.why_not(need_tc=True)
-    if reason:
-        pytest.skip(reason)
-    out = tmp_path / "multihost.json"
-    before = _ip("netns", "list").stdout
-    done = subprocess.run(
-        [sys.executable, "-m", "hora.bench", "multihost", "--rate", "1gbit",
-         "--min-bytes", str(1 << 20), "--max-bytes", str(1 << 20), "--probe-seconds", "0.5",
-         "--compare", "mpi,gloo", "--json", str(out)], cwd=ROOT.parent,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=JOB_TIMEOUT_SECONDS)
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-20000:]
-    result = json.loads(out.read_text())
+    before, done, result = _multihost_bench(tmp_path, "--compare", "mpi,gloo")
     link = result["link_bytes_per_second"]
     assert link == 1e9 / 8 and result["hosts"] == 2
     # the probe saw the shaped link, not the unshaped veth (many Gb/s)
