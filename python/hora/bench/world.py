@@ -27,17 +27,15 @@ def _reduction(op, arrays):
     raise ValueError(f"HoraWorld: no reduction {op!r} (MPI.MAX, MPI.MIN or MPI.SUM)")
 
 
-def world():
-    """MPI's world when it is hora's (same size), else a :class:`HoraWorld`.
-    After ``hora.init()``."""
-    if MPI.COMM_WORLD.Get_size() == hora.size():
-        return MPI.COMM_WORLD
-    return HoraWorld()
-
-
 def has_mpi_world():
-    """Whether the ranks were started as one MPI job (mpirun)."""
+    """Whether the ranks were started as one MPI job (mpirun): MPI's world
+    is hora's. After ``hora.init()``."""
     return MPI.COMM_WORLD.Get_size() == hora.size()
+
+
+def world():
+    """MPI's world when it is hora's, else a :class:`HoraWorld`."""
+    return MPI.COMM_WORLD if has_mpi_world() else HoraWorld()
 
 
 class _Done:
