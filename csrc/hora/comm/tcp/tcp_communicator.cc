@@ -19,8 +19,9 @@ namespace {
 // communicator, so one FIFO per pair keeps them apart.
 constexpr int kCollectiveTag = -1;
 constexpr uint64_t kWorldContext = 1;
-// Below this many bytes an allreduce goes up and down a tree (two
-// messages' latency per level); above it, around the ring (bandwidth).
+// Below this many bytes an allreduce exchanges whole buffers by recursive
+// doubling (one message's latency per doubling); above it, it goes around
+// the ring (bandwidth).
 constexpr int64_t kRingMinBytes = 64 * 1024;
 
 // A communicator's context from its parent's and the split that made it:
@@ -245,30 +246,42 @@ Status TcpCommunicator::Barrier() {
 }
 
 template <typename Combine>
-Status TcpCommunicator::TreeAllreduce(void* data, int64_t bytes, Combine combine) {
+Status TcpCommunicator::DoublingAllreduce(void* data, int64_t bytes, Combine combine) {
   const int n = size(), me = rank();
+  int doubled = 1;  // the largest power of two not above n
+  while (doubled * 2 <= n) doubled *= 2;
+  if (me >= doubled) {
+    // Folded into a partner below, which hands the result back.
+    HORA_RETURN_IF_ERROR(Send(data, bytes, me - doubled));
+    return Recv(data, bytes, me - doubled);
+  }
   std::vector<char> other(static_cast<size_t>(bytes));
-  for (int mask = 1; mask < n; mask <<= 1) {
-    if (me & mask) {
-      HORA_RETURN_IF_ERROR(Send(data, bytes, me - mask));
-      break;
-    }
-    if (me + mask < n) {
-      HORA_RETURN_IF_ERROR(Recv(other.data(), bytes, me + mask));
+  if (me + doubled < n) {
+    HORA_RETURN_IF_ERROR(Recv(other.data(), bytes, me + doubled));
+    HORA_RETURN_IF_ERROR(combine(data, other.data()));
+  }
+  for (int mask = 1; mask < doubled; mask <<= 1) {
+    const int partner = me ^ mask;
+    HORA_RETURN_IF_ERROR(SendRecv(data, bytes, partner, other.data(), bytes, partner));
+    if (me < partner) {
       HORA_RETURN_IF_ERROR(combine(data, other.data()));
+    } else {
+      HORA_RETURN_IF_ERROR(combine(other.data(), data));
+      if (bytes > 0) std::memcpy(data, other.data(), static_cast<size_t>(bytes));
     }
   }
-  return Broadcast(data, bytes, 0);
+  if (me + doubled < n) HORA_RETURN_IF_ERROR(Send(data, bytes, me + doubled));
+  return Status::OK();
 }
 
 Status TcpCommunicator::AllreduceBitAnd(uint64_t* words, int count) {
-  return TreeAllreduce(words, static_cast<int64_t>(count) * sizeof(uint64_t),
-                       [count](void* acc, const void* other) {
-                         auto* mine = static_cast<uint64_t*>(acc);
-                         const auto* theirs = static_cast<const uint64_t*>(other);
-                         for (int i = 0; i < count; ++i) mine[i] &= theirs[i];
-                         return Status::OK();
-                       });
+  return DoublingAllreduce(words, static_cast<int64_t>(count) * sizeof(uint64_t),
+                           [count](void* acc, const void* other) {
+                             auto* mine = static_cast<uint64_t*>(acc);
+                             const auto* theirs = static_cast<const uint64_t*>(other);
+                             for (int i = 0; i < count; ++i) mine[i] &= theirs[i];
+                             return Status::OK();
+                           });
 }
 
 Status TcpCommunicator::Allreduce(const void* send, void* recv, int64_t count, DataType dtype,
@@ -279,7 +292,7 @@ Status TcpCommunicator::Allreduce(const void* send, void* recv, int64_t count, D
   }
   if (size() == 1 || count == 0) return Status::OK();
   if (count * element < kRingMinBytes || count < size()) {
-    return TreeAllreduce(recv, count * element, [&](void* acc, const void* other) {
+    return DoublingAllreduce(recv, count * element, [&](void* acc, const void* other) {
       return ReduceInto(acc, other, count, dtype, op, "TCP transport");
     });
   }

@@ -84,11 +84,14 @@ class TcpCommunicator : public Communicator {
   // Waits for every request, cancelling the rest after a failure; the
   // failure.
   Status WaitEach(std::vector<std::shared_ptr<TcpFabric::Request>>* requests);
-  // Reduces `bytes` at `data` to rank 0 along a binomial tree with
-  // `combine(acc, other)`, then broadcasts the result: every rank ends with
-  // the same bytes, whatever the arithmetic.
+  // Combines `bytes` at `data` across the ranks with `combine(acc, other)`
+  // by recursive doubling: one exchange per doubling (two more for the
+  // ranks beyond a power of two), so a 2-rank call costs one message's
+  // latency. Both sides of an exchange combine the lower rank's bytes with
+  // the higher's, in that order: every rank ends with the same bytes,
+  // whatever the arithmetic.
   template <typename Combine>
-  Status TreeAllreduce(void* data, int64_t bytes, Combine combine);
+  Status DoublingAllreduce(void* data, int64_t bytes, Combine combine);
   Status RingAllreduce(void* data, int64_t count, DataType dtype, ReduceOp op);
 
   std::shared_ptr<TcpFabric> fabric_;

@@ -15,6 +15,10 @@ namespace hora {
 namespace {
 
 constexpr int kPeerConnectTimeoutMs = 10000;
+// How long nobody must have waited before the progress thread drives: a
+// caller between two waits (reducing what arrived, posting the next
+// message) keeps the sockets, and its next wait needs no hand-over.
+constexpr std::chrono::microseconds kHandBack{1000};
 
 // The first bytes on every connection: who connects, and to which world.
 struct Hello {
@@ -130,6 +134,7 @@ TcpFabric::~TcpFabric() {
   }
   if (thread_.joinable()) {
     Wake();
+    idle_.notify_all();
     thread_.join();
   }
   for (Peer& peer : peers_) {
@@ -154,11 +159,32 @@ void TcpFabric::Complete(const std::shared_ptr<Request>& request, Status status)
   request->status = std::move(status);
   request->done_ = true;
   completed_.notify_all();
+  // A driver waiting in poll() for this request learns of it only so.
+  if (driving_ && driver_ != std::this_thread::get_id()) Wake();
+}
+
+template <typename Done>
+void TcpFabric::WaitUntil(std::unique_lock<std::mutex>& lock, Done done) {
+  ++waiters_;
+  bool nudged = false;
+  while (!done()) {
+    if (!driving_) {
+      Drive(lock);
+      continue;
+    }
+    if (!nudged && driver_ == thread_.get_id()) {
+      Wake();  // the progress thread hands over after this round
+      nudged = true;
+    }
+    completed_.wait(lock);
+  }
+  --waiters_;
+  last_wait_ = std::chrono::steady_clock::now();
 }
 
 Status TcpFabric::Wait(const std::shared_ptr<Request>& request) {
   std::unique_lock<std::mutex> lock(mutex_);
-  completed_.wait(lock, [&] { return request->done_; });
+  WaitUntil(lock, [&] { return request->done_; });
   return request->status;
 }
 
@@ -166,7 +192,7 @@ Status TcpFabric::WaitAll(const std::vector<std::shared_ptr<Request>>& requests)
   Status failed;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    completed_.wait(lock, [&] {
+    WaitUntil(lock, [&] {
       bool all = true;
       for (const auto& request : requests) {
         if (request->done_ && !request->status.ok()) {
@@ -568,25 +594,25 @@ void TcpFabric::ReadFrom(int p) {
   }
 }
 
-void TcpFabric::Loop() {
-  std::vector<pollfd> polled;
-  std::vector<int> which;
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    polled.assign(1, pollfd{wake_fd_, POLLIN, 0});
-    which.clear();
-    for (int p = 0; p < size(); ++p) {
-      const Peer& peer = peers_[p];
-      if (p == rank_ || peer.lost || peer.fd < 0) continue;
-      short events = POLLIN;
-      if (!peer.sends.empty()) events |= POLLOUT;
-      polled.push_back(pollfd{peer.fd, events, 0});
-      which.push_back(p);
-    }
-    lock.unlock();
-    const int ready = poll(polled.data(), polled.size(), -1);
-    lock.lock();
-    if (ready < 0) continue;
+void TcpFabric::Drive(std::unique_lock<std::mutex>& lock) {
+  driving_ = true;
+  driver_ = std::this_thread::get_id();
+  static thread_local std::vector<pollfd> polled;
+  static thread_local std::vector<int> which;
+  polled.assign(1, pollfd{wake_fd_, POLLIN, 0});
+  which.clear();
+  for (int p = 0; p < size(); ++p) {
+    const Peer& peer = peers_[p];
+    if (p == rank_ || peer.lost || peer.fd < 0) continue;
+    short events = POLLIN;
+    if (!peer.sends.empty()) events |= POLLOUT;
+    polled.push_back(pollfd{peer.fd, events, 0});
+    which.push_back(p);
+  }
+  lock.unlock();
+  const int ready = poll(polled.data(), polled.size(), -1);
+  lock.lock();
+  if (ready > 0) {
     if (polled[0].revents & POLLIN) {
       uint64_t count;
       ssize_t ignored = read(wake_fd_, &count, sizeof(count));
@@ -600,6 +626,20 @@ void TcpFabric::Loop() {
       if (!peers_[p].lost && (events & POLLOUT)) WriteTo(p);
       if (!peers_[p].lost && (events & POLLERR)) LosePeer(p, "its connection failed");
     }
+  }
+  driving_ = false;
+  driver_ = std::thread::id();
+  completed_.notify_all();  // a thread that waited for the sockets may take them
+}
+
+void TcpFabric::Loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (driving_ || waiters_ > 0 || std::chrono::steady_clock::now() - last_wait_ < kHandBack) {
+      idle_.wait_for(lock, kHandBack);
+      continue;
+    }
+    Drive(lock);
   }
 }
 

@@ -8,9 +8,13 @@
 // source, tag); messages of one such triple arrive in the order they were
 // sent, as MPI guarantees, because one peer's messages share one stream.
 //
-// Any thread may post and wait; the progress thread alone touches the
-// sockets, so communicators of one world may be used from several threads
-// at once (each process set's engine has its own). A peer whose
+// Any thread may post and wait, so communicators of one world may be used
+// from several threads at once (each process set's engine has its own).
+// One thread at a time moves the bytes (the driver): a thread waiting for a
+// request drives while it waits, so the message it waits for is read by the
+// thread that needs it, with no hand-over between threads; the progress
+// thread drives once nobody has waited for a while, so that a process busy
+// elsewhere still drains its sockets and sees a peer fail. A peer whose
 // connection fails is lost: every pending and later message to or from it
 // fails, naming it. Revoke fails everything on every process of the
 // world, as ULFM's MPI_Comm_revoke does for an MPI communicator.
@@ -121,6 +125,14 @@ class TcpFabric {
   TcpFabric(int rank, std::vector<std::string> hostnames);
   void Loop();
   void Wake();
+  // Claims the sockets, waits in poll() until one of them or the wake-up
+  // descriptor is ready, and handles what is. With the lock held (released
+  // while it polls) and nobody else driving.
+  void Drive(std::unique_lock<std::mutex>& lock);
+  // Drives, or sleeps while another thread drives, until `done()`. With the
+  // lock held.
+  template <typename Done>
+  void WaitUntil(std::unique_lock<std::mutex>& lock, Done done);
   // With mutex_ held.
   void ReadFrom(int peer);
   bool StartMessage(int peer);  // a header is in; false on a protocol error
@@ -141,6 +153,11 @@ class TcpFabric {
   std::string revoked_why_;
   std::string first_loss_;
   bool stopping_ = false;
+  bool driving_ = false;
+  std::thread::id driver_;
+  int waiters_ = 0;  // threads in Wait or WaitAll
+  std::chrono::steady_clock::time_point last_wait_;
+  std::condition_variable idle_;  // the progress thread's sleep
   int wake_fd_ = -1;
   std::thread thread_;
 };
