@@ -177,20 +177,23 @@ def test_a_growth_names_the_new_processes_places_and_the_new_hosts():
 
 
 def test_a_growth_message_reads_back_as_it_was_sent():
-    from hora.common.elastic.notifications import growth_line, parse_growth
+    from hora.common.elastic.notifications import growth_line, lower_line, parse_update
     fields = growth_line(12.5, 5, ["node1:1", "node2:2"], ["node2"]).split()
     assert fields[:2] == ["hosts-updated", "12.500000"]
-    assert parse_growth(fields[2:]) == {"grow": 5, "place": ["node1:1", "node2:2"],
+    assert parse_update(fields[2:]) == {"grow": 5, "place": ["node1:1", "node2:2"],
                                         "add": ["node2"]}
-    assert parse_growth(growth_line(1.0, 3, [], []).split()[2:]) == {
+    assert parse_update(growth_line(1.0, 3, [], []).split()[2:]) == {
         "grow": 3, "place": [], "add": []}
-    assert parse_growth([]) is None  # a plain change: a new world
+    assert parse_update(lower_line(2.0, 1, ["node2", "node3"]).split()[2:]) == {
+        "lower": 1, "removed": ["node2", "node3"]}
+    assert parse_update([]) is None  # a plain change: a new world
 
 
-def _state_seeing(messages, expand):
+def _state_seeing(messages, expand, lower=None):
     from hora.common.elastic.state import ObjectState
     state = ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0, epoch=0)
     state._growth_expand = expand
+    state._growth_lower = lower
     for timestamp, update in messages:
         state.on_hosts_updated(timestamp, update)
     return state
@@ -207,6 +210,47 @@ def test_growths_in_place_start_processes_without_an_interrupt():
         state.on_hosts_updated(timestamp, update)
     state.check_host_updates()
     assert len(grown) == 1
+
+
+def test_hosts_gone_with_their_ranks_lower_the_world_without_an_interrupt():
+    calls = []
+    lower = {"lower": 1, "removed": ["b"]}
+    state = _state_seeing([(1.0, lower)], lambda u: calls.append(("grow", u)),
+                          lambda u: calls.append(("lower", u)))
+    state.check_host_updates()
+    assert calls == [("lower", {"lower": 1, "removed": ["b"], "last": True})]
+    # in the order heard: removed, then listed again (the growth is measured
+    # without the removed host), or the other way round
+    calls.clear()
+    grow = {"grow": 2, "place": ["b:1"], "add": ["b"]}
+    state = _state_seeing([(1.0, lower), (2.0, grow)], lambda u: calls.append(("grow", u)),
+                          lambda u: calls.append(("lower", u)))
+    state.check_host_updates()
+    assert [kind for kind, _ in calls] == ["lower", "grow"]
+    calls.clear()
+    state = _state_seeing([(1.0, grow), (2.0, lower)], lambda u: calls.append(("grow", u)),
+                          lambda u: calls.append(("lower", u)))
+    state.check_host_updates()
+    assert [kind for kind, _ in calls] == ["grow", "lower"]
+    # a world that starts no processes has nothing to lower
+    state = _state_seeing([(1.0, lower)], None, None)
+    state.check_host_updates()
+
+
+def test_a_lower_world_starts_no_process_for_ranks_lost_with_their_host(monkeypatch):
+    from hora.common import basics
+    from hora.common.elastic import growth as growth_module
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(basics, "size", lambda: 1)
+    growth = growth_module.Growth({"HORA_ELASTIC_IN_PLACE": "1", "HORA_SIZE": "3"})
+    growth.place, growth.add, growth.new_slots = ["b:1", "c:1"], ["b", "c"], 1
+    growth.lower({"lower": 2, "removed": ["b"]})
+    assert (growth.target, growth.place, growth.add, growth.new_slots) == (2, ["c:1"], ["c"], 1)
+    growth.lower({"lower": 1, "removed": ["c"]})
+    assert (growth.target, growth.place, growth.add, growth.new_slots) == (1, [], [], 0)
+    # a report of more hosts than the world comes back to changes nothing
+    growth.lower({"lower": 4, "removed": []})
+    assert growth.target == 1
 
 
 @pytest.mark.parametrize("messages,expand", [

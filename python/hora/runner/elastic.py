@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable
 
-from hora.common.elastic.notifications import growth_line
+from hora.common.elastic.notifications import growth_line, lower_line
 from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
 from hora.runner.supervise import Outcome, live_ranks
@@ -180,12 +180,15 @@ class Notifier:
                     except OSError:
                         self._clients.remove(client)
 
-    def notify(self, growth: tuple[int, list[str], list[str]] | None = None) -> None:
+    def notify(self, growth: tuple[int, list[str], list[str]] | None = None,
+               lower: tuple[int, list[str]] | None = None) -> None:
         """The hosts changed: the world must be formed again, or, given
         ``growth`` (size, place, add: see hora.common.elastic.notifications),
-        it may grow in place."""
+        it may grow in place, or, given ``lower`` (size, removed hosts), it
+        goes on smaller."""
         now = time.time()
-        text = growth_line(now, *growth) if growth else f"hosts-updated {now:.6f}\n"
+        text = (growth_line(now, *growth) if growth else lower_line(now, *lower) if lower
+                else f"hosts-updated {now:.6f}\n")
         line = text.encode()
         with self._lock:
             self._sent += line
@@ -303,8 +306,14 @@ class _Watcher:
                 world = [h for h in world if h.name not in gone]
                 size, names = hostlib.total_slots(world), names - gone
                 self.world = list(world)
+                more = ""
+                if options.replace:
+                    # no process is started for its lost ranks (until
+                    # discovery lists slots again)
+                    notifier.notify(lower=(size, sorted(gone)))
+                    more = f"; the world comes back to {size} rank(s) at most"
                 log(f"horarun: host(s) {', '.join(sorted(gone))} removed; no rank of the job "
-                    f"is left there")
+                    f"is left there{more}")
                 continue
             if gone or capacity != size:
                 self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone

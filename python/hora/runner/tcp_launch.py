@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from hora.common.elastic.growth import NO_SLOT
 from hora.runner import hosts as hostlib
 from hora.runner import markers
 from hora.runner.rendezvous import Rendezvous
@@ -192,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     capacity[next(iter(capacity))] += short
                     wanted = free_slots(capacity, alive_hosts, lost_hosts)
             if short > 0 and lost:
-                why = (f"no slot to start it in (host(s) {', '.join(lost)} lost with their "
-                       f"processes)")
+                why = f"{NO_SLOT} (host(s) {', '.join(lost)} lost with their processes)"
                 for process_id in ids:
                     rendezvous.lost(process_id, why)
                 return

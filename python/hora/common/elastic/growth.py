@@ -39,6 +39,10 @@ _OWN_NAMES = frozenset(
 # A replacement that cannot start or join is tried again at most this many
 # times in a row.
 _MAX_FAILURES = 3
+# How horarun's own launch (--transport tcp) refuses to start a process
+# when the slots it would take went with a lost host: none is tried again
+# until horarun reports slots (the host listed again, or others).
+NO_SLOT = "no slot to start it in"
 
 
 def world_formed() -> None:
@@ -91,7 +95,7 @@ class Growth:
 
     def expand(self, update: dict[str, Any]) -> None:
         """Collective, at a commit: horarun found more slots (``update`` from
-        :func:`hora.common.elastic.notifications.parse_growth`); starts the
+        :func:`hora.common.elastic.notifications.parse_update`); starts the
         processes that fill them."""
         from hora.common.basics import rank
         self.place += update["place"]
@@ -108,6 +112,25 @@ class Growth:
         # (else slots came back where lost ranks were, a host lost whole
         # listed again: the replacements still to start go there)
         self.replace_lost()
+
+    def lower(self, update: dict[str, Any]) -> None:
+        """Collective, at a commit: horarun reports hosts gone whose ranks
+        were all lost (``update`` from
+        :func:`hora.common.elastic.notifications.parse_update`): the world
+        comes back to ``update["lower"]`` ranks at most, and nothing is
+        placed on those hosts."""
+        from hora.common.basics import rank, size
+        removed = set(update["removed"])
+        self.place = [entry for entry in self.place if entry.rpartition(":")[0] not in removed]
+        self.add = [host for host in self.add if host not in removed]
+        if update["lower"] >= self.target:
+            return
+        self.target = update["lower"]
+        self.new_slots = min(self.new_slots, max(0, self.target - size()))
+        if rank() == 0:
+            print(f"hora.elastic: host(s) {', '.join(sorted(removed))} left with their ranks; "
+                  f"the world comes back to {self.target} rank(s) at most", file=sys.stderr,
+                  flush=True)
 
     def abandoned(self) -> None:
         """After a loss ended the spawn under way (``hora._C.reform``): its
@@ -197,8 +220,12 @@ class Growth:
         except HoraError as error:
             self.failures += 1
             self._give_back()
+            waiting = ""
+            if NO_SLOT in str(error):
+                self.failures = _MAX_FAILURES  # until horarun reports slots
+                waiting = "; none is started until host discovery lists slots for them"
             if rank() == 0:
-                print(f"hora.elastic: the replacement(s) did not join ({error})",
+                print(f"hora.elastic: the replacement(s) did not join ({error}){waiting}",
                       file=sys.stderr, flush=True)
             return None
         self.failures = 0

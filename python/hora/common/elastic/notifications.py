@@ -7,7 +7,11 @@ world must be formed again), or, for a job that grows in place,
 ``hosts-updated <timestamp> grow <size> <place> <add>``: the world may grow
 to ``<size>`` ranks, the new processes going to ``<place>``
 (``host:count,...``) of which ``<add>`` (``host,...``) are hosts the job
-did not start with; ``-`` for none (a job on this machine only). A rank 0
+did not start with; ``-`` for none (a job on this machine only). In place,
+``hosts-updated <timestamp> lower <size> <removed>`` says that hosts
+(``host,...``) whose ranks were all lost already left the job's hosts, so
+the world comes back to ``<size>`` ranks at most: the ranks go on, and
+start no processes for the lost ranks beyond that. A rank 0
 of a world formed later connects again and hears every message sent so
 far; ``State.check_host_updates`` acts only on those newer than the last
 it saw.
@@ -46,7 +50,7 @@ class HostUpdateListener:
                     fields = line.split()
                     if len(fields) < 2 or fields[0] != "hosts-updated":
                         continue
-                    update = parse_growth(fields[2:])
+                    update = parse_update(fields[2:])
                     with self._lock:
                         states = list(self._states)
                     for state in states:
@@ -57,17 +61,27 @@ class HostUpdateListener:
                   f"another process is rank 0", file=sys.stderr, flush=True)
 
 
-def parse_growth(fields: list[str]) -> dict[str, Any] | None:
-    """The growth a message's fields after the timestamp describe (``grow
-    <size> <place> <add>``), or None for a change that needs a new world."""
-    if len(fields) != 4 or fields[0] != "grow":
-        return None
-    place = [] if fields[2] == "-" else fields[2].split(",")
-    add = [] if fields[3] == "-" else fields[3].split(",")
-    return {"grow": int(fields[1]), "place": place, "add": add}
+def parse_update(fields: list[str]) -> dict[str, Any] | None:
+    """What a message's fields after the timestamp describe: a growth
+    (``{"grow": size, "place": [...], "add": [...]}``), a lower size
+    (``{"lower": size, "removed": [...]}``), or None for a change that
+    needs a new world."""
+    if len(fields) == 4 and fields[0] == "grow":
+        place = [] if fields[2] == "-" else fields[2].split(",")
+        add = [] if fields[3] == "-" else fields[3].split(",")
+        return {"grow": int(fields[1]), "place": place, "add": add}
+    if len(fields) == 3 and fields[0] == "lower":
+        return {"lower": int(fields[1]), "removed": fields[2].split(",")}
+    return None
 
 
 def growth_line(timestamp: float, size: int, place: list[str], add: list[str]) -> str:
     """The message that says the world may grow in place (see above)."""
     return (f"hosts-updated {timestamp:.6f} grow {size} {','.join(place) or '-'} "
             f"{','.join(add) or '-'}\n")
+
+
+def lower_line(timestamp: float, size: int, removed: list[str]) -> str:
+    """The message that says hosts left whose ranks were lost already, and
+    the world comes back to ``size`` ranks at most (see above)."""
+    return f"hosts-updated {timestamp:.6f} lower {size} {','.join(removed)}\n"

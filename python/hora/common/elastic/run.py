@@ -310,6 +310,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 _recommit(state, store, state._commits, to_disk=False)
         if in_place:
             state._growth_check = growth.ready
+            state._growth_lower = growth.lower
             # else new slots mean a relaunch: so do they for state held in
             # shards that is not cut again in place (a process set's own,
             # or hybrid), which a new world re-cuts from the commit's parts

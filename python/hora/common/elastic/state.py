@@ -52,6 +52,9 @@ class State:
         self._growth_check: Callable[[], str | None] | None = None
         self._growth_found: str | None = None
         self._growth_expand: Callable[[dict[str, Any]], None] | None = None
+        # and hosts horarun reports gone with their ranks (the world comes
+        # back to fewer ranks)
+        self._growth_lower: Callable[[dict[str, Any]], None] | None = None
         # set by hora's run() in place for state held in shards that can be
         # cut again in place: the parts' copies on the neighbouring ranks
         self._buddies: BuddyCopies | None = None
@@ -105,7 +108,9 @@ class State:
         join). In place, more slots found start new processes here, and
         training goes on while they start."""
         newest = previous = self._last_updated_timestamp
-        relaunch, grow = False, None
+        relaunch = False
+        grow: dict[str, Any] | None = None
+        lower: dict[str, Any] | None = None
         while not self._host_messages.empty():
             timestamp, update = self._host_messages.get()
             if timestamp <= previous:  # heard before, by an earlier rank 0
@@ -115,18 +120,30 @@ class State:
                 grow = update if grow is None else {  # two since the last check
                     "grow": update["grow"], "place": grow["place"] + update["place"],
                     "add": grow["add"] + update["add"]}
+                if lower is not None:
+                    lower["last"] = False
+            elif isinstance(update, dict) and "lower" in update:
+                removed = (lower["removed"] if lower else []) + update["removed"]
+                lower = {"lower": update["lower"], "removed": removed, "last": True}
             else:
                 relaunch = True
         growth = None
         if self._growth_check is not None and self._rank() == 0:
             growth = self._growth_check()
         # rank 0 hears from horarun; everyone must act at the same point
-        self._last_updated_timestamp, growth, relaunch, grow = self._bcast_object(
-            (newest, growth, relaunch, grow))
+        self._last_updated_timestamp, growth, relaunch, grow, lower = self._bcast_object(
+            (newest, growth, relaunch, grow, lower))
         if relaunch or (grow is not None and self._growth_expand is None):
             raise HostsUpdatedInterrupt(False)
+        # in the order heard: a growth heard last was measured without the
+        # hosts removed before it
+        lower_now = lower is not None and self._growth_lower is not None
+        if lower_now and not lower["last"]:
+            self._growth_lower(lower)  # type: ignore[misc]
         if grow is not None:
             self._growth_expand(grow)  # type: ignore[misc]
+        if lower_now and lower["last"]:
+            self._growth_lower(lower)  # type: ignore[misc]
         if growth is not None:
             self._growth_found = growth
             raise HostsUpdatedInterrupt(False)
