@@ -170,6 +170,8 @@ def test_survivors_end_when_finalize_waits_for_the_lost_rank(job_env, tmp_path):
     # over hora's own TCP transport, horarun starting the replacements
     (3, 2, "0:2:0:6:kill", ["3"], "tcp"),
     (3, 0, "0:0:0:3:kill,0:3:0:0:joiner-at-start", ["4"], "tcp"),
+    (3, 2, "0:2:0:6:kill,0:3:0:0:joiner-in-sync", ["4"], "tcp"),
+    (3, 2, "0:2:0:6:kill,0:1:0:2:in-sync", ["3", "4"], "tcp"),
 ])
 def test_a_replacement_joins_in_place(ranks, lost, fault, joiners, transport, job_env,
                                       tmp_path):
