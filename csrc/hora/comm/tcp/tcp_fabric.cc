@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "hora/comm/tcp/sockets.h"
 
@@ -19,6 +20,10 @@ constexpr int kPeerConnectTimeoutMs = 10000;
 // caller between two waits (reducing what arrived, posting the next
 // message) keeps the sockets, and its next wait needs no hand-over.
 constexpr std::chrono::microseconds kHandBack{1000};
+// And the longest the sockets go unpolled while waits keep ending at once
+// (sends that went out whole, a one-process communicator's collectives):
+// the progress thread drives then, whatever the waits.
+constexpr std::chrono::milliseconds kLongestUndriven{10};
 
 // The first bytes on every connection: who connects, and to which world.
 struct Hello {
@@ -165,6 +170,15 @@ void TcpFabric::Complete(const std::shared_ptr<Request>& request, Status status)
 
 template <typename Done>
 void TcpFabric::WaitUntil(std::unique_lock<std::mutex>& lock, Done done) {
+  // Counted while it waits, however it leaves (Drive may throw: a message
+  // too large for the memory left).
+  struct Waiting {
+    TcpFabric* fabric;
+    ~Waiting() {
+      --fabric->waiters_;
+      fabric->last_wait_ = std::chrono::steady_clock::now();
+    }
+  } waiting{this};
   ++waiters_;
   bool nudged = false;
   while (!done()) {
@@ -178,8 +192,6 @@ void TcpFabric::WaitUntil(std::unique_lock<std::mutex>& lock, Done done) {
     }
     completed_.wait(lock);
   }
-  --waiters_;
-  last_wait_ = std::chrono::steady_clock::now();
 }
 
 Status TcpFabric::Wait(const std::shared_ptr<Request>& request) {
@@ -490,11 +502,20 @@ bool TcpFabric::StartMessage(int p) {
     LosePeer(p, "it sent bytes that are not hora's TCP protocol");
     return false;
   }
-  if (in.kind == kRevokeNotice) {
-    peer.unexpected = std::make_shared<Unexpected>();
-    peer.unexpected->data.resize(static_cast<size_t>(in.bytes));
-    return true;
-  }
+  // A message nobody has asked for yet is kept until someone does.
+  auto keep = [&]() {
+    try {
+      peer.unexpected = std::make_shared<Unexpected>();
+      peer.unexpected->data.resize(static_cast<size_t>(in.bytes));
+      return true;
+    } catch (const std::bad_alloc&) {
+      peer.unexpected.reset();
+      LosePeer(p, "out of memory for its " + std::to_string(in.bytes) +
+                      "-byte message, which arrived before its receive was posted");
+      return false;
+    }
+  };
+  if (in.kind == kRevokeNotice) return keep();
   if (revoked_) return true;  // its bytes are dropped
   const Key key{in.context, p, in.tag};
   auto posted = posted_.find(key);
@@ -511,8 +532,7 @@ bool TcpFabric::StartMessage(int p) {
     }
     return true;
   }
-  peer.unexpected = std::make_shared<Unexpected>();
-  peer.unexpected->data.resize(static_cast<size_t>(in.bytes));
+  if (!keep()) return false;
   unexpected_[key].push_back(peer.unexpected);
   return true;
 }
@@ -597,6 +617,18 @@ void TcpFabric::ReadFrom(int p) {
 void TcpFabric::Drive(std::unique_lock<std::mutex>& lock) {
   driving_ = true;
   driver_ = std::this_thread::get_id();
+  // The sockets are handed back however this returns, with the lock held.
+  struct Driving {
+    TcpFabric* fabric;
+    std::unique_lock<std::mutex>& lock;
+    ~Driving() {
+      if (!lock.owns_lock()) lock.lock();
+      fabric->driving_ = false;
+      fabric->driver_ = std::thread::id();
+      fabric->last_driven_ = std::chrono::steady_clock::now();
+      fabric->completed_.notify_all();  // a thread that waited for the sockets may take them
+    }
+  } driving{this, lock};
   static thread_local std::vector<pollfd> polled;
   static thread_local std::vector<int> which;
   polled.assign(1, pollfd{wake_fd_, POLLIN, 0});
@@ -627,15 +659,14 @@ void TcpFabric::Drive(std::unique_lock<std::mutex>& lock) {
       if (!peers_[p].lost && (events & POLLERR)) LosePeer(p, "its connection failed");
     }
   }
-  driving_ = false;
-  driver_ = std::thread::id();
-  completed_.notify_all();  // a thread that waited for the sockets may take them
 }
 
 void TcpFabric::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
-    if (driving_ || waiters_ > 0 || std::chrono::steady_clock::now() - last_wait_ < kHandBack) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool kept = now - last_wait_ < kHandBack && now - last_driven_ < kLongestUndriven;
+    if (driving_ || waiters_ > 0 || kept) {
       idle_.wait_for(lock, kHandBack);
       continue;
     }

@@ -155,9 +155,10 @@ class TcpFabric {
   bool stopping_ = false;
   bool driving_ = false;
   std::thread::id driver_;
-  int waiters_ = 0;  // threads in Wait or WaitAll
-  std::chrono::steady_clock::time_point last_wait_;
-  std::condition_variable idle_;  // the progress thread's sleep
+  int waiters_ = 0;                                    // threads in Wait or WaitAll
+  std::chrono::steady_clock::time_point last_wait_;    // when a wait last ended
+  std::chrono::steady_clock::time_point last_driven_;  // and a driver's round
+  std::condition_variable idle_;                       // the progress thread's sleep
   int wake_fd_ = -1;
   std::thread thread_;
 };
