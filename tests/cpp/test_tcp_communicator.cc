@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <numeric>
 #include <thread>
 
@@ -182,6 +183,50 @@ TEST(TcpCommunicator, MessagesKeepTheirOrderPerSourceAndTag) {
     return comm.Barrier();
   });
   EXPECT_EQ(Failures(results), "");
+}
+
+// A process whose thread keeps waiting on requests that are done at once
+// (here: messages to itself) never polls the sockets itself; its progress
+// thread must still drain them, or a peer's large send would wait for it.
+TEST(TcpCommunicator, ABusyProcessStillDrainsItsSockets) {
+  std::atomic<bool> sent{false};
+  std::atomic<int64_t> send_ms{-1};
+  const std::vector<Status> results = RunTcp(2, 0, [&](std::unique_ptr<TcpCommunicator>& c) {
+    Communicator& comm = *c;
+    constexpr int64_t kBytes = 64 << 20;  // far past the sockets' buffers
+    constexpr int kTag = 7;
+    if (comm.rank() == 0) {
+      std::vector<char> data(kBytes, 'x');
+      const auto began = std::chrono::steady_clock::now();
+      int id;
+      HORA_RETURN_IF_ERROR(comm.PostSend(data.data(), kBytes, 1, kTag, &id));
+      HORA_RETURN_IF_ERROR(comm.Wait(id));
+      send_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now() - began)
+                    .count();
+      sent = true;
+      return comm.Barrier();
+    }
+    const auto began = std::chrono::steady_clock::now();
+    char one = 1, back = 0;
+    while (!sent && std::chrono::steady_clock::now() - began < std::chrono::seconds(5)) {
+      int to_self, from_self;
+      HORA_RETURN_IF_ERROR(comm.PostSend(&one, 1, 1, kTag + 1, &to_self));
+      HORA_RETURN_IF_ERROR(comm.PostRecv(&back, 1, 1, kTag + 1, &from_self));
+      HORA_RETURN_IF_ERROR(comm.Wait(to_self));
+      HORA_RETURN_IF_ERROR(comm.Wait(from_self));
+    }
+    std::vector<char> got(kBytes);
+    int id;
+    HORA_RETURN_IF_ERROR(comm.PostRecv(got.data(), kBytes, 0, kTag, &id));
+    HORA_RETURN_IF_ERROR(comm.Wait(id));
+    if (got.front() != 'x' || got.back() != 'x') return Status::Internal("wrong bytes");
+    return comm.Barrier();
+  });
+  EXPECT_EQ(Failures(results), "");
+  // while rank 1 kept busy, not once it stopped after 5 s
+  EXPECT_GE(send_ms.load(), 0);
+  EXPECT_LT(send_ms.load(), 3000);
 }
 
 TEST(TcpCommunicator, ProcessSetsRunOnThreadsOfTheirOwn) {
