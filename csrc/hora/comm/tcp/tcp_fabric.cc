@@ -159,13 +159,13 @@ void TcpFabric::Wake() {
   (void)ignored;
 }
 
-void TcpFabric::Complete(const std::shared_ptr<Request>& request, Status status) {
+void TcpFabric::Complete(const std::shared_ptr<Request>& request, Status status, bool wake_driver) {
   if (request->done_) return;
   request->status = std::move(status);
   request->done_ = true;
   completed_.notify_all();
   // A driver waiting in poll() for this request learns of it only so.
-  if (driving_ && driver_ != std::this_thread::get_id()) Wake();
+  if (wake_driver && driving_ && driver_ != std::this_thread::get_id()) Wake();
 }
 
 template <typename Done>
@@ -267,7 +267,7 @@ std::shared_ptr<TcpFabric::Request> TcpFabric::PostSend(uint64_t context, int ta
   }
   peer.sends.push_back(request);
   if (peer.sends.size() == 1) {
-    WriteTo(dest);                    // usually all of it goes at once, with no thread hand-off
+    WriteTo(dest, true);              // usually all of it goes at once, with no thread hand-off
     if (!peer.sends.empty()) Wake();  // the progress thread waits for room
   }
   return request;
@@ -458,7 +458,7 @@ void TcpFabric::LosePeer(int p, const std::string& why) {
   Wake();
 }
 
-void TcpFabric::WriteTo(int p) {
+void TcpFabric::WriteTo(int p, bool by_poster) {
   Peer& peer = peers_[p];
   while (!peer.lost && !peer.sends.empty()) {
     Request& request = *peer.sends.front();
@@ -490,7 +490,7 @@ void TcpFabric::WriteTo(int p) {
     std::shared_ptr<Request> finished = peer.sends.front();
     peer.sends.pop_front();
     peer.sent = 0;
-    Complete(finished, Status::OK());
+    Complete(finished, Status::OK(), !by_poster);
   }
 }
 

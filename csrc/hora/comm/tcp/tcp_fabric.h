@@ -136,10 +136,13 @@ class TcpFabric {
   // With mutex_ held.
   void ReadFrom(int peer);
   bool StartMessage(int peer);  // a header is in; false on a protocol error
-  void WriteTo(int peer);
+  // `by_poster`: from PostSend, whose caller alone waits for that send.
+  void WriteTo(int peer, bool by_poster = false);
   void LosePeer(int peer, const std::string& why);
   void RevokeLocked(std::string why);  // a copy: `why` may live in what it frees
-  void Complete(const std::shared_ptr<Request>& request, Status status);
+  // Wakes a driver in poll() unless `wake_driver` is false (nobody it
+  // serves waits for the request).
+  void Complete(const std::shared_ptr<Request>& request, Status status, bool wake_driver = true);
   std::string Name(int peer) const;
 
   const int rank_;
