@@ -322,6 +322,43 @@ def test_discovery_grows_the_world_in_place(fault, job_env, tmp_path):
     _assert_same(results[1:], results)
 
 
+@pytest.mark.parametrize("transport", ["mpi", "tcp"])
+def test_fewer_slots_make_a_rank_leave_and_the_others_go_on_in_place(transport, job_env,
+                                                                     tmp_path):
+    """--elastic-in-place: host discovery lists one slot fewer while the
+    three ranks train. At the next commit the highest rank leaves the job
+    (its process ends well), the other two form a world of their own and
+    go on from that commit in their processes: nothing launched again, no
+    replacement started, both end with the same parameters."""
+    script, hosts = _discovery(tmp_path, "localhost:3\n")
+    prefix = str(tmp_path / "out")
+    job = _start(["-np", "3", "--min-np", "1", "--elastic-in-place", "--transport", transport,
+                  "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
+                 {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.15",
+                  "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    lines = []
+    for line in job.stdout:  # once training runs, a slot goes
+        lines.append(line)
+        if "world of 3" in line:
+            hosts.write_text("localhost:2\n")
+            break
+    code, rest = _finish(job)
+    output = "".join(lines) + rest
+    assert code == 0, output
+    assert ("horarun: fewer slots found (localhost:2); the ranks beyond the slots left there "
+            "leave at the next commit, and 2 rank(s) go on in place") in output, output
+    assert "[2] hora.elastic: rank 2 leaves the job" in output, output
+    assert "hora.elastic: rank(s) 2 left the job" in output, output
+    assert "2 rank(s) go on in place (world re-formed in" in output, output
+    assert "world of 2 from epoch" in output and "(launch 0, resets 1)" in output, output
+    assert "elastic reset" not in output and "world 2:" not in output, output
+    assert "started on host" not in output, output  # no replacement
+    assert not os.path.exists(f"{prefix}.rank2.pt"), output
+    results = _params(prefix, 2)
+    assert all(r["size"] == 2 and r["resets"] == 1 and r["joiner"] is None for r in results)
+    _assert_same(results[1:], results)
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "keras"])
 def test_the_elastic_example_trains(framework, job_env, tmp_path):
     if framework == "keras":
@@ -577,6 +614,35 @@ def test_sharded_job_grows_in_place_from_host_discovery(sharding, sharded_refere
     assert "horarun: new process 3 started" in output, output
     assert "new process(es) joined; 4 ranks" in output, output
     _assert_like_sharded_reference(prefix, reference, 4)
+
+
+@pytest.mark.parametrize("sharding", ["optimizer_state", "parameters"])
+def test_sharded_ranks_leave_in_place_when_their_slots_go(sharding, sharded_references, job_env,
+                                                          tmp_path):
+    """4 ranks in place; host discovery then lists 2 slots: ranks 2 and 3
+    (neighbours, so the buddy copy of rank 2's part leaves too) hand their
+    parts to the ranks that stay and leave at the next commit; the other 2
+    cut that commit for 2 (stage 3: the weights too) and go on in their
+    processes. No relaunch, nothing lost: the run ends like the
+    uninterrupted 4-rank run."""
+    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
+    reference = sharded_references(sharding)
+    script, hosts = _discovery(tmp_path, "localhost:4\n")
+    prefix = str(tmp_path / "out")
+    code, output = _horarun(
+        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place",
+         "--host-discovery-script", script, sys.executable, SHARDED], job_env, tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_LEAVE": "2",
+         "HORA_TEST_STEP_SLEEP": "0.3", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
+    assert code == 0, output
+    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert [w.split()[0] for w in worlds] == ["4", "2"], output
+    assert all(w.endswith("(launch 0)") for w in worlds), output
+    assert "hora.elastic: rank(s) 2, 3 left the job" in output, output
+    assert "started on host" not in output, output
+    assert not os.path.exists(f"{prefix}.rank2.pt"), output
+    _assert_like_sharded_reference(prefix, reference, 2)
 
 
 def test_sharded_state_relaunches_when_a_part_and_its_copy_are_both_lost(sharded_references,

@@ -291,6 +291,48 @@ def test_elastic_job_loses_a_whole_host_in_place_over_tcp_and_gets_it_back(fake_
 
 
 @pytest.mark.parametrize("transport", ["mpi", "tcp"])
+def test_a_host_removed_while_its_rank_trains_leaves_in_place(fake_hosts, tmp_path, transport):
+    """--elastic-in-place: ns-b leaves the discovery script's list while its
+    rank is alive. At the next commit that rank leaves the job (its process
+    ends well) and the rank on ns-a goes on alone in its own process, as
+    Horovod's workers do when a host is removed; nothing is launched again.
+    Over --transport tcp, ns-b listed again gets a new process that joins."""
+    pytest.importorskip("torch")
+    said = []
+
+    def changes(line, hosts_file):
+        if "world of 2 from" in line and not said:
+            said.append(line)
+            hosts_file.write_text("ns-a:1\n")
+        elif "rank(s) 1 left the job" in line and transport == "tcp" and len(said) == 1:
+            said.append(line)
+            hosts_file.write_text("ns-a:1\nns-b:1\n")
+
+    options = ["--elastic-in-place"]
+    extra = {}
+    if transport == "tcp":
+        options += ["--transport", "tcp", "--remote-shell", str(fake_hosts.agent)]
+        extra["HORA_TEST_END_SIZE"] = "2"
+    output = _elastic_job(fake_hosts, tmp_path, "ns-a:1\nns-b:1\n", 2, options, changes, extra)
+    assert ("horarun: host(s) ns-b removed; the ranks beyond the slots left there leave at the "
+            "next commit, and 1 rank(s) go on in place") in output, output[-20000:]
+    assert "[1] hora.elastic: rank 1 leaves the job (its host ns-b was removed" in output, \
+        output[-20000:]
+    assert "1 rank(s) go on in place (world re-formed in" in output, output[-20000:]
+    assert "world 2:" not in output and "elastic reset" not in output, output[-20000:]
+    if transport == "mpi":
+        assert "started on host" not in output, output[-20000:]
+        results = _same_parameters(tmp_path, 1)
+        assert results[0]["resets"] == 1
+        return
+    assert len(said) == 2, output[-20000:]
+    assert "horarun: more slots found (ns-a:1, ns-b:1)" in output, output[-20000:]
+    assert "new process(es) joined; 2 ranks go on in place" in output, output[-20000:]
+    results = _same_parameters(tmp_path, 2)
+    assert results[0]["joiner"] is None and results[1]["joiner"] is not None
+
+
+@pytest.mark.parametrize("transport", ["mpi", "tcp"])
 def test_elastic_job_grows_onto_a_new_host_in_place(fake_hosts, tmp_path, transport):
     """--elastic-in-place: the job trains on ns-a alone; discovery lists
     ns-b too; a process starts there (mpirun adds the host to the job, or

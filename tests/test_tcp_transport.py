@@ -109,6 +109,31 @@ def test_a_stopped_process_is_excluded_and_ended(job_env):
         assert last(events, "done")["ids"] == [0, 1]
 
 
+def test_processes_leave_and_the_others_go_on_in_place(job_env):
+    # At step 2 processes 1 and 3 leave together (their hosts removed); at
+    # step 5 process 0, rank 0 then, leaves too. Nobody is lost: the
+    # others' next worlds form in their processes, and the leavers end well.
+    results, ended = run_job(job_env, 4, faults="1:leave@2,3:leave@2,0:leave@5", steps=8)
+    assert ended == []
+    for i in (0, 1, 3):
+        code, events, err = results[i]
+        assert code == 0, err
+        assert last(events, "left") is not None, events
+    for i, first_rank in ((2, 2),):
+        code, events, err = results[i]
+        assert code == 0, err
+        assert last(events, "init")["rank"] == first_rank
+        excluded = [e for e in events if e["event"] == "excluded"]
+        assert [(e["rank"], e["size"], e["leaving"]) for e in excluded] == [
+            (1, 2, [1, 3]), (0, 1, [0])], events
+        assert all(e["pid"] == events[0]["pid"] for e in events)
+        assert all(e["seconds"] < 1.0 for e in excluded), excluded
+        assert last(events, "done")["ids"] == [2]
+        assert not [e for e in events if e["event"] in ("reformed", "wrong")], events
+    # process 0 saw the first exclusion from the inside
+    assert [(e["rank"], e["size"]) for e in results[0][1] if e["event"] == "excluded"] == [(0, 2)]
+
+
 def test_the_rendezvous_refuses_a_stranger():
     import socket
     rendezvous = Rendezvous([0], host="127.0.0.1", log=lambda text: None)

@@ -135,6 +135,21 @@ void RegisterRuntime(py::module_& m) {
     return seconds;
   });
   m.def(
+      "exclude",
+      [](const std::vector<int>& leaving) {
+        Status status;
+        bool left = false;
+        double seconds = 0.0;
+        {
+          py::gil_scoped_release release;
+          status = runtime::Exclude(leaving, &left, &seconds);
+        }
+        ReleaseFinishedOrphans();
+        if (!status.ok()) ThrowStatus(status);
+        return py::make_tuple(left, seconds);
+      },
+      py::arg("leaving"));
+  m.def(
       "start_growth",
       [](const std::vector<std::string>& argv, int count,
          const std::vector<std::pair<std::string, std::string>>& info) {

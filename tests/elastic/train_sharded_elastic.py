@@ -12,6 +12,9 @@ itself before epoch 0 batch 5 (HORA_TEST_SHRINK=1); on the launch after,
 rank 0 writes "localhost:<size + 1>" before epoch 1 batch 2, and the world
 grows back at the next commit. HORA_TEST_GROW=1 writes that on the first
 launch instead, before epoch 0 batch 2 (with no loss before).
+HORA_TEST_LEAVE=<n> makes rank 0 of the first world write
+"localhost:<size - n>" there before epoch 0 batch 2 (nobody killed): in
+place the highest n ranks leave at the next commit and the others go on.
 HORA_TEST_KILL=<rank>[,<rank>...] (no host file) SIGKILLs those ranks of
 the first world before epoch 0 batch 5 instead, once and together (the
 highest kills the others): in place the others
@@ -53,6 +56,7 @@ hosts = os.environ.get("HORA_TEST_HOSTS")
 shrink = os.environ.get("HORA_TEST_SHRINK") == "1"
 step_sleep = float(os.environ.get("HORA_TEST_STEP_SLEEP", "0"))
 await_size = int(os.environ.get("HORA_TEST_AWAIT_SIZE", "0"))
+leave = int(os.environ.get("HORA_TEST_LEAVE", "0"))
 
 
 kill = os.environ.get("HORA_TEST_KILL")
@@ -112,6 +116,10 @@ def change_world():
             and (state.epoch, state.batch) == (0, 2) and hvd.rank() == 0:
         with open(hosts, "w") as f:  # in place: one more slot, nothing lost
             f.write(f"localhost:{hvd.size() + 1}\n")
+    if leave and hosts and first_world and not resets and (state.epoch, state.batch) == (0, 2) \
+            and hvd.rank() == 0:
+        with open(hosts, "w") as f:  # in place: ranks leave, nothing lost
+            f.write(f"localhost:{hvd.size() - leave}\n")
     if not (shrink and hosts):
         return
     if launch == 0 and (state.epoch, state.batch) == (0, 5) and hvd.rank() == hvd.size() - 1:

@@ -3,7 +3,10 @@ tests/test_tcp_transport.py without MPI: it allreduces for TCP_STEPS steps
 and, when a peer is lost, forms the next world in place with the other
 survivors (``hora._C.reform``, as ``hvd.elastic.run`` does) and redoes the
 step. TCP_FAULTS="<process id>:<kill|stop>@<step>,..." makes processes
-SIGKILL or SIGSTOP themselves. Prints one JSON line per event."""
+SIGKILL or SIGSTOP themselves; "<process id>:leave@<step>" makes that
+process leave the job at that step, every process calling
+``hora._C.exclude`` together (as ``hvd.elastic.run`` does when its host is
+removed). Prints one JSON line per event."""
 
 import json
 import os
@@ -17,10 +20,13 @@ from hora import _C
 
 me = int(os.environ["HORA_PROCESS_ID"])
 faults = {}
+leaving = {}  # step -> the process ids that leave then
 for item in filter(None, os.environ.get("TCP_FAULTS", "").split(",")):
     who, _, what = item.partition(":")
     kind, _, step = what.partition("@")
-    if int(who) == me:
+    if kind == "leave":
+        leaving.setdefault(int(step), []).append(int(who))
+    elif int(who) == me:
         faults[int(step)] = kind
 
 
@@ -39,6 +45,17 @@ while step < steps:
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if step in leaving:
+        ids = hora.allgather(np.array([me], dtype=np.int64), name=f"leavers.{step}").tolist()
+        going = leaving.pop(step)
+        ranks = [r for r, i in enumerate(ids) if i in going]
+        began = time.monotonic()
+        left, seconds = _C.exclude(ranks)
+        if left:
+            # (no rank or size to print: this process is in no world now)
+            print(json.dumps({"event": "left", "id": me, "pid": os.getpid()}), flush=True)
+            raise SystemExit(0)
+        say("excluded", seconds=time.monotonic() - began, leaving=ranks)
     try:
         ids = hora.allgather(np.array([me], dtype=np.int64), name=f"ids.{step}")
         total = hora.allreduce(np.full(100_000, me + 1, dtype=np.float32), op=hora.Sum,

@@ -177,7 +177,8 @@ def test_a_growth_names_the_new_processes_places_and_the_new_hosts():
 
 
 def test_a_growth_message_reads_back_as_it_was_sent():
-    from hora.common.elastic.notifications import growth_line, lower_line, parse_update
+    from hora.common.elastic.notifications import (growth_line, lower_line, parse_update,
+                                                   shrink_line)
     fields = growth_line(12.5, 5, ["node1:1", "node2:2"], ["node2"]).split()
     assert fields[:2] == ["hosts-updated", "12.500000"]
     assert parse_update(fields[2:]) == {"grow": 5, "place": ["node1:1", "node2:2"],
@@ -186,6 +187,10 @@ def test_a_growth_message_reads_back_as_it_was_sent():
         "grow": 3, "place": [], "add": []}
     assert parse_update(lower_line(2.0, 1, ["node2", "node3"]).split()[2:]) == {
         "lower": 1, "removed": ["node2", "node3"]}
+    assert parse_update(lower_line(2.0, 3, []).split()[2:]) == {"lower": 3, "removed": []}
+    assert parse_update(shrink_line(3.0, 3, [("node2", 0, "node2.lab"), ("localhost", 1, "vm")])
+                        .split()[2:]) == {"shrink": 3, "hosts": [("node2", 0, "node2.lab"),
+                                                                 ("localhost", 1, "vm")]}
     assert parse_update([]) is None  # a plain change: a new world
 
 
@@ -251,6 +256,94 @@ def test_a_lower_world_starts_no_process_for_ranks_lost_with_their_host(monkeypa
     # a report of more hosts than the world comes back to changes nothing
     growth.lower({"lower": 4, "removed": []})
     assert growth.target == 1
+
+
+def test_fewer_slots_where_ranks_run_ask_the_ranks_beyond_them_to_leave(monkeypatch):
+    monkeypatch.setattr(elastic.socket, "gethostname", lambda: "vm")
+    monkeypatch.setattr(elastic, "LOCAL_NAMES", {"localhost", "127.0.0.1", "vm"})
+    world = [Host("node1", 2), Host("node2", 2), Host("node3", 1)]
+    usable = [Host("node1", 2), Host("node2", 1)]
+    live = {"node1": 2, "node2.lab": 2, "node3": 1}
+    # node2 (its ranks report it with its domain) keeps 1 slot, node3 none
+    assert elastic._shrink(world, usable, live) == {"node2": (1, "node2.lab", 2),
+                                                    "node3": (0, "node3", 1)}
+    # nothing fewer: nothing to do
+    assert elastic._shrink(world, world + [Host("node4", 1)], live) == {}
+    # this machine's ranks report its own name
+    assert elastic._shrink([Host("localhost", 3)], [Host("localhost", 2)], {"vm": 3}) == {
+        "localhost": (2, "vm", 3)}
+    # a host whose ranks were lost already holds none
+    assert elastic._shrink(world, usable, {"node1": 2}) == {"node2": (1, "node2", 0),
+                                                            "node3": (0, "node3", 0)}
+
+
+def test_the_ranks_beyond_a_hosts_slots_leave_the_lowest_staying():
+    from hora.common.elastic.run import leavers
+    hosts = ["a", "b", "a", "b", "c", "b"]
+    # b keeps 1 of its 3 ranks (1, 3, 5), c none
+    assert leavers(hosts, {"shrink": 3, "hosts": [("b", 1, "b"), ("c", 0, "c")]}) == [3, 4, 5]
+    # named with a domain, or not at all (its ranks were lost already)
+    assert leavers(hosts, {"shrink": 4, "hosts": [("a", 0, "a.lab")]}) == [0, 2]
+    assert leavers(hosts, {"shrink": 5, "hosts": [("d", 0, "d")]}) == []
+
+
+def _state_departing(messages, grow=None, lower=None):
+    state = _state_seeing(messages, grow, lower)
+    state._departs_in_place = True
+    return state
+
+
+def test_ranks_to_leave_interrupt_at_a_commit_with_every_change_since_the_last():
+    from hora.common.exceptions import HostsUpdatedInterrupt
+    shrink = {"shrink": 2, "hosts": [("b", 0, "b")]}
+    grow = {"grow": 3, "place": ["c:1"], "add": ["c"]}
+    calls = []
+    state = _state_departing([(1.0, shrink), (2.0, grow)], calls.append, calls.append)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+    # nothing is acted on before the ranks left (a growth started now
+    # would go with the old world)
+    assert calls == [] and state._growth_found == "depart"
+    assert state._departure == {"shrink": dict(shrink, last=False), "grow": grow, "lower": None}
+    # two for the same host: the newer counts
+    state = _state_departing([(1.0, shrink), (2.0, {"shrink": 3, "hosts": [("b", 1, "b")]})])
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+    assert state._departure["shrink"] == {"shrink": 3, "hosts": [("b", 1, "b")], "last": True}
+    # not in place: a new world
+    state = _state_seeing([(1.0, shrink)], [].append)
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.check_host_updates()
+    assert state._growth_found is None
+
+
+def test_host_changes_are_kept_when_the_check_fails_on_a_lost_rank():
+    from hora.common.elastic.state import ObjectState
+    from hora.common.exceptions import HoraInternalError
+    grown = []
+
+    def broken(obj, root_rank=0):
+        raise HoraInternalError("a rank was lost")
+    state = ObjectState(bcast_object=broken, get_rank=lambda: 0, epoch=0)
+    state._growth_expand = grown.append
+    state.on_hosts_updated(1.0, {"grow": 3, "place": [], "add": []})
+    with pytest.raises(HoraInternalError):
+        state.check_host_updates()
+    # the next world's check (same rank 0) still acts on it
+    state._bcast_object = lambda obj, root_rank=0: obj
+    state.check_host_updates()
+    assert grown == [{"grow": 3, "place": [], "add": []}]
+
+
+def test_a_world_that_ranks_left_places_nothing_where_slots_went(monkeypatch):
+    from hora.common import basics
+    from hora.common.elastic import growth as growth_module
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    monkeypatch.setattr(basics, "size", lambda: 2)
+    growth = growth_module.Growth({"HORA_ELASTIC_IN_PLACE": "1", "HORA_SIZE": "4"})
+    growth.place, growth.add, growth.new_slots = ["b:1", "c:1", "d:1"], ["c", "d"], 2
+    growth.departed({"shrink": 3, "hosts": [("b", 1, "b"), ("c", 0, "c")]})
+    assert (growth.target, growth.place, growth.add, growth.new_slots) == (3, ["d:1"], ["d"], 1)
 
 
 @pytest.mark.parametrize("messages,expand", [

@@ -72,6 +72,16 @@ class Communicator {
     out->reset();
     return Status::Internal(Describe() + " cannot continue without a lost rank");
   }
+  // A planned departure (the hosts of `leaving`, ranks of this
+  // communicator, left the job): collective over every rank, the leaving
+  // ones included. The others get a communicator of their own, in their
+  // order, as Shrink would make; the leaving ones get null. Nobody is
+  // lost, so nothing is revoked, and no failure has to be detected first.
+  virtual Status Exclude(const std::vector<int>& leaving, std::unique_ptr<Communicator>* out) {
+    out->reset();
+    (void)leaving;
+    return Status::Internal(Describe() + " cannot let ranks leave the world in place");
+  }
 
   // Growth in place (MPI dynamic processes). StartSpawn starts `count`
   // new processes running `argv` (argv[0] the program), collective over

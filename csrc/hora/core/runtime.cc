@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "hora/algo/kernels/kernel_set.h"
@@ -181,6 +182,49 @@ Status Reform(double* seconds) {
   HORA_RETURN_IF_ERROR(comm->Shrink(&survivors).WithContext("hora.reform"));
   g_lost_ranks = true;
   return StartWorld(std::move(survivors), "hora.reform", began, seconds);
+}
+
+Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds) {
+  const auto began = std::chrono::steady_clock::now();
+  *left = false;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_engine) {
+    return Status::InvalidArgument("hora.exclude: hora is not running; call hora.init() first");
+  }
+  const int size = g_engine->topology().size;
+  std::set<int> distinct;
+  for (int r : leaving) {
+    if (r < 0 || r >= size) {
+      return Status::InvalidArgument("hora.exclude: rank " + std::to_string(r) +
+                                     " is not in the world of " + std::to_string(size) +
+                                     " rank(s)");
+    }
+    distinct.insert(r);
+  }
+  if (static_cast<int>(distinct.size()) == size) {
+    return Status::InvalidArgument("hora.exclude: every rank of the world would leave it");
+  }
+  std::shared_ptr<Engine> old;
+  old.swap(g_engine);
+  g_was_shut_down = true;  // until the new engine runs
+  if (g_spawning) g_spawning->Cancel();
+  g_spawning.reset();
+  // Every rank stops its engine here, at the same point of the program.
+  old->Shutdown();
+  std::unique_ptr<Communicator> comm = old->TakeCommunicator();
+  Engine::Release(std::move(old));
+  if (!comm) return Status::Internal("hora.exclude: the engine's thread did not stop");
+  std::unique_ptr<Communicator> rest;
+  HORA_RETURN_IF_ERROR(comm->Exclude(std::vector<int>(distinct.begin(), distinct.end()), &rest)
+                           .WithContext("hora.exclude"));
+  // MPI_Finalize would wait for the ranks on the other side.
+  g_lost_ranks = true;
+  if (!rest) {
+    *left = true;
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    return Status::OK();
+  }
+  return StartWorld(std::move(rest), "hora.exclude", began, seconds);
 }
 
 Status StartGrowth(const std::vector<std::string>& argv, int count,

@@ -43,6 +43,12 @@ bool IsInitialized();
 // Communicator::Shrink). Collective over the survivors; the process sets
 // are gone with the old world. `seconds` gets how long it took.
 Status Reform(double* seconds);
+// Hosts removed from the job: the ranks `leaving` leave the world, and the
+// others form one of their own in place and start a new engine over it
+// (Communicator::Exclude). Collective over every rank, the leaving ones
+// included, which are left with no engine (`left` set; they exit). Like
+// Reform, it abandons a growth under way and ends the process sets.
+Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds);
 // Growth in place: StartGrowth starts `count` processes running `argv`,
 // which join the world (Communicator::StartSpawn); collective, and
 // returns at once while the engine goes on. Growth says how far it is

@@ -26,14 +26,14 @@ import threading
 import time
 from typing import Callable
 
-from hora.common.elastic.notifications import growth_line, lower_line
+from hora.common.elastic.notifications import growth_line, lower_line, shrink_line
 from hora.common.elastic.run import RESET_EXIT_CODE
 from hora.runner import hosts as hostlib
 from hora.runner.supervise import Outcome, live_ranks
 
-# In place, how long a host gone from discovery may still hold ranks that
-# are alive before the world is formed again without it.
-LOST_HOST_GRACE_S = 5.0
+# In place, how long a host gone from discovery may still hold live ranks
+# (their ends may be on their way) before they are asked to leave.
+LOST_HOST_GRACE_S = 2.0
 # How often the discovery script is run while the job trains.
 DISCOVERY_INTERVAL_S = 1.0
 DISCOVERY_TIMEOUT_S = 30.0
@@ -181,14 +181,17 @@ class Notifier:
                         self._clients.remove(client)
 
     def notify(self, growth: tuple[int, list[str], list[str]] | None = None,
-               lower: tuple[int, list[str]] | None = None) -> None:
+               lower: tuple[int, list[str]] | None = None,
+               shrink: tuple[int, list[tuple[str, int, str]]] | None = None) -> None:
         """The hosts changed: the world must be formed again, or, given
         ``growth`` (size, place, add: see hora.common.elastic.notifications),
         it may grow in place, or, given ``lower`` (size, removed hosts), it
-        goes on smaller."""
+        goes on smaller, or, given ``shrink`` (size, and each host with
+        fewer slots: its name, the slots left, the name its ranks report),
+        the ranks beyond those slots leave it."""
         now = time.time()
         text = (growth_line(now, *growth) if growth else lower_line(now, *lower) if lower
-                else f"hosts-updated {now:.6f}\n")
+                else shrink_line(now, *shrink) if shrink else f"hosts-updated {now:.6f}\n")
         line = text.encode()
         with self._lock:
             self._sent += line
@@ -245,6 +248,32 @@ def _growth(world: list[hostlib.Host],
     return size, place, add
 
 
+def _shrink(world: list[hostlib.Host], usable: list[hostlib.Host],
+            live: dict[str, int]) -> dict[str, tuple[int, str, int]]:
+    """The hosts of ``world`` that ``usable`` gives fewer slots (none for a
+    host no longer listed), each with (the slots left, the name its ranks
+    report, how many live ranks it holds: ``live`` counts them by the name
+    they report)."""
+    slots = {h.name: h.slots for h in usable}
+    change = {}
+    for host in world:
+        left = slots.get(host.name, 0)
+        if left >= host.slots:
+            continue
+        reported = [name for name in live if _names(host.name, name)]
+        change[host.name] = (left, reported[0] if reported else host.name,
+                             sum(live[name] for name in reported))
+    return change
+
+
+def _names(listed: str, reported: str) -> bool:
+    """Whether a rank reporting host ``reported`` runs on the host that
+    discovery lists as ``listed`` (this machine's own name for a local one)."""
+    if hostlib.same_host(listed, reported):
+        return True
+    return listed in LOCAL_NAMES and hostlib.same_host(reported, socket.gethostname())
+
+
 def _describe(world: list[hostlib.Host]) -> str:
     return ", ".join(f"{h.name}:{h.slots}" for h in world)
 
@@ -290,31 +319,52 @@ class _Watcher:
                 names = {h.name for h in world}
                 self.world = list(world)
                 continue
-            if gone and options.in_place and gone & live_ranks.hosts():
-                # A host lost whole: its ranks' ends may still be on their
-                # way (the list can change first); the world needs a new
-                # form only if they are still alive after a while.
-                held_since = held_since or time.monotonic()
-                if time.monotonic() - held_since < LOST_HOST_GRACE_S:
-                    continue
-            else:
+            if options.in_place:
+                change = _shrink(world, usable, live_ranks.by_host())
+                kept = [hostlib.Host(h.name, change[h.name][0] if h.name in change else h.slots)
+                        for h in world]
+                kept = [h for h in kept if h.slots > 0]
+                dying = any(left == 0 and held for left, _, held in change.values())
+                if dying:
+                    # A host removed whole while horarun still counts ranks
+                    # there: they may have been lost with it, their ends on
+                    # their way (the list can change first). If so, the
+                    # others go on without them anyway; only ranks still
+                    # alive after a while are asked to leave.
+                    held_since = held_since or time.monotonic()
+                    if time.monotonic() - held_since < LOST_HOST_GRACE_S:
+                        continue
                 held_since = None
-            if gone and options.in_place and not gone & live_ranks.hosts():
-                # Its ranks were lost already, and the others went on in
-                # place without them (a whole host lost, over hora's TCP
-                # transport): the world needs nothing more.
-                world = [h for h in world if h.name not in gone]
-                size, names = hostlib.total_slots(world), names - gone
-                self.world = list(world)
-                more = ""
-                if options.replace:
-                    # no process is started for its lost ranks (until
-                    # discovery lists slots again)
-                    notifier.notify(lower=(size, sorted(gone)))
-                    more = f"; the world comes back to {size} rank(s) at most"
-                log(f"horarun: host(s) {', '.join(sorted(gone))} removed; no rank of the job "
-                    f"is left there{more}")
-                continue
+                if change and hostlib.total_slots(kept) >= options.min_np:
+                    # Fewer slots on hosts of the job, or hosts removed: the
+                    # ranks beyond their slots leave at the next commit, and
+                    # the others go on in place without them.
+                    world, size = kept, hostlib.total_slots(kept)
+                    names = {h.name for h in world}
+                    self.world = list(world)
+                    leave = {name: kept_here for name, (kept_here, _, held) in change.items()
+                             if held > kept_here}
+                    removed = sorted(name for name, (kept_here, _, _) in change.items()
+                                     if kept_here == 0)
+                    whole = len(removed) == len(change)
+                    what = (f"host(s) {', '.join(removed)} removed" if whole else
+                            f"fewer slots found ({_describe(usable)})")
+                    nobody = ("no rank of the job is left there" if whole else
+                              "no rank of the job runs beyond the slots left")
+                    if leave:
+                        notifier.notify(shrink=(size, [(name, kept_here, reported) for name, (
+                            kept_here, reported, _) in sorted(change.items())]))
+                        log(f"horarun: {what}; the ranks beyond the slots left there leave at the "
+                            f"next commit, and {size} rank(s) go on in place")
+                    elif options.replace:
+                        # the ranks there were lost already: no process is
+                        # started for them (until discovery lists slots again)
+                        notifier.notify(lower=(size, removed))
+                        log(f"horarun: {what}; {nobody}; the world comes back to {size} "
+                            f"rank(s) at most")
+                    else:
+                        log(f"horarun: {what}; {nobody}")
+                    continue
             if gone or capacity != size:
                 self.changed = (f"host(s) {', '.join(sorted(gone))} removed" if gone
                                 else f"{'more' if capacity > size else 'fewer'} slots found "

@@ -15,6 +15,9 @@ ready it asks to join (``FORM join``); the members' next ``FORM merge``
 takes in those that are ready. A world re-formed after a loss (``FORM
 shrink``) takes in none: processes started for the old world are ended.
 
+A process whose host was removed leaves (``LEAVE``), and the others form
+the next world without it, as after a loss (``FORM shrink``).
+
 A process that does not ask within ``form_timeout`` seconds of the first
 one that did (a stopped process, a host that vanished without closing its
 connections) is counted as lost: ``on_lost`` is told, so that the launcher
@@ -152,6 +155,15 @@ class Rendezvous:
                         self._maybe_form()
                     elif words[0] == "SPAWNSTATE":
                         conn.sendall(f"SPAWNSTATE {self._spawn_state()}\n".encode())
+                    elif words[0] == "LEAVE":
+                        # its host was removed: the next world goes on without it
+                        self._lose(process.id, "it left the job")
+                        if process.id in self.members:
+                            self.log(f"rank {self.members.index(process.id)} (process "
+                                     f"{process.id}) leaves the job (its host was removed or "
+                                     f"has fewer slots)")
+                        self._maybe_form()
+                        break
                     elif words[0] == "CANCEL":
                         self._end_spawn(self._spawns, "the world did not take it in")
                     elif words[0] == "PLACE" and len(words) == 2:

@@ -84,6 +84,14 @@ class LiveRanks:
         with self._lock:
             return set(self._hosts.values())
 
+    def by_host(self):
+        """How many live ranks each host (as they report it) holds."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for host in self._hosts.values():
+                counts[host] = counts.get(host, 0) + 1
+            return counts
+
 
 live_ranks = LiveRanks()
 

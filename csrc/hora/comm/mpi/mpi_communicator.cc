@@ -266,6 +266,19 @@ Status MpiCommunicator::Shrink(std::unique_ptr<Communicator>* out) {
 #endif
 }
 
+Status MpiCommunicator::Exclude(const std::vector<int>& leaving,
+                                std::unique_ptr<Communicator>* out) {
+  out->reset();
+  const bool leaves = std::find(leaving.begin(), leaving.end(), rank()) != leaving.end();
+  MPI_Comm rest = MPI_COMM_NULL;
+  HORA_MPI_CALL(MPI_Comm_split(comm_, leaves ? MPI_UNDEFINED : 0, rank(), &rest));
+  if (leaves) return Status::OK();
+  std::unique_ptr<MpiCommunicator> result;
+  HORA_RETURN_IF_ERROR(Adopt(rest, hostname_override_, /*world=*/true, &result));
+  *out = std::move(result);
+  return Status::OK();
+}
+
 bool MpiCommunicator::ConcurrentCalls() const {
   int provided = 0;
   MPI_Query_thread(&provided);

@@ -57,6 +57,7 @@ class MpiCommunicator : public Communicator {
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
   void Revoke() override;
   Status Shrink(std::unique_ptr<Communicator>* out) override;
+  Status Exclude(const std::vector<int>& leaving, std::unique_ptr<Communicator>* out) override;
   Status StartSpawn(const std::vector<std::string>& argv, int count, const SpawnInfo& info,
                     std::shared_ptr<Spawning>* out) override;
   Status Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) override;

@@ -423,6 +423,19 @@ Status TcpCommunicator::Shrink(std::unique_ptr<Communicator>* out) {
   return Status::OK();
 }
 
+Status TcpCommunicator::Exclude(const std::vector<int>& leaving,
+                                std::unique_ptr<Communicator>* out) {
+  if (rendezvous_ == nullptr) return Communicator::Exclude(leaving, out);
+  out->reset();
+  if (std::find(leaving.begin(), leaving.end(), rank()) != leaving.end()) {
+    return rendezvous_->Leave();
+  }
+  std::shared_ptr<TcpFabric> fabric;
+  HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("shrink", topology_.hostname, &fabric));
+  *out = World(std::move(fabric), rendezvous_);
+  return Status::OK();
+}
+
 namespace {
 
 // Processes the launcher starts for a world (see TcpRendezvous::Spawn).

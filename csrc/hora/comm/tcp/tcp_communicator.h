@@ -54,6 +54,9 @@ class TcpCommunicator : public Communicator {
   // The launcher decides who is in the next world: every process it
   // counts as alive asks for it (see tcp_rendezvous.h).
   Status Shrink(std::unique_ptr<Communicator>* out) override;
+  // The leaving ranks tell the launcher so; the others form the next
+  // world through it, as after a loss.
+  Status Exclude(const std::vector<int>& leaving, std::unique_ptr<Communicator>* out) override;
   // Growth: rank 0 asks the launcher to start the processes (the `host`
   // info key places them); Merge forms the world of this one's ranks and
   // those of them that are ready, through the launcher.

@@ -126,6 +126,11 @@ Status TcpRendezvous::CancelSpawn() {
   return Send("CANCEL\n");
 }
 
+Status TcpRendezvous::Leave() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return Send("LEAVE\n");
+}
+
 Status TcpRendezvous::Place(const std::string& hostname, std::vector<std::string>* hosts,
                             int* rank) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -34,6 +34,11 @@
 //
 //   process -> launcher   PLACE <hostname>
 //   launcher -> process   PLACE <rank> <size>, then one hostname per rank
+//
+// A process that leaves the job while the others go on (its host was
+// removed) says so, and is not waited for in forming the next world:
+//
+//   process -> launcher   LEAVE
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -65,6 +70,8 @@ class TcpRendezvous {
   Status Spawn(int count, const std::vector<std::string>& argv, const std::string& hosts);
   Status SpawnState(std::string* state);
   Status CancelSpawn();
+  // This process leaves the job: the next world is formed without it.
+  Status Leave();
   // A process started by Spawn: the hosts of the world it will be in, in
   // rank order, and its rank there.
   Status Place(const std::string& hostname, std::vector<std::string>* hosts, int* rank);

@@ -53,6 +53,30 @@ class BuddyCopies:
         for key in [k for k in self.parts if k[0] not in kept]:
             del self.parts[key]
 
+    def hand_over(self, leaving: list[int]) -> None:
+        """Collective, before the ranks ``leaving`` leave the world (their
+        hosts were removed): each gives every part it holds of its newest
+        commit to a rank that stays, so that the world left behind holds
+        that commit whole even when neighbouring ranks leave together."""
+        from hora.common.basics import rank, size
+        from hora.common.ops import alltoall
+        me, n = rank(), size()
+        staying = [r for r in range(n) if r not in leaving]
+        splits = [0] * n
+        payload = b""
+        if me in leaving and self.parts:
+            newest = max(key[0] for key in self.parts)
+            payload = pickle.dumps({k: v for k, v in self.parts.items() if k[0] == newest},
+                                   protocol=pickle.HIGHEST_PROTOCOL)
+            splits[staying[leaving.index(me) % len(staying)]] = len(payload)
+        received, counts = alltoall(np.frombuffer(payload, np.uint8), splits,
+                                    name="hora.elastic.buddy.leaving")
+        data, offset = received.tobytes(), 0
+        for count in counts:
+            if count:
+                self.parts.update(pickle.loads(data[offset:offset + int(count)]))
+            offset += int(count)
+
     def inventory(self) -> list[Key]:
         return sorted(self.parts)
 

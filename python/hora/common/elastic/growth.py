@@ -119,18 +119,35 @@ class Growth:
         :func:`hora.common.elastic.notifications.parse_update`): the world
         comes back to ``update["lower"]`` ranks at most, and nothing is
         placed on those hosts."""
-        from hora.common.basics import rank, size
+        from hora.common.basics import rank
         removed = set(update["removed"])
+        if self._lower_to(update["lower"], removed) and rank() == 0:
+            what = (f"host(s) {', '.join(sorted(removed))} left with their ranks" if removed
+                    else "fewer slots found, where ranks were lost")
+            print(f"hora.elastic: {what}; the world comes back to {self.target} rank(s) at most",
+                  file=sys.stderr, flush=True)
+
+    def _lower_to(self, target: int, removed: set[str]) -> bool:
+        """Places nothing on the hosts ``removed``, and comes back to
+        ``target`` ranks at most; whether that lowered the target."""
+        from hora.common.basics import size
         self.place = [entry for entry in self.place if entry.rpartition(":")[0] not in removed]
         self.add = [host for host in self.add if host not in removed]
-        if update["lower"] >= self.target:
-            return
-        self.target = update["lower"]
+        if target >= self.target:
+            return False
+        self.target = target
         self.new_slots = min(self.new_slots, max(0, self.target - size()))
-        if rank() == 0:
-            print(f"hora.elastic: host(s) {', '.join(sorted(removed))} left with their ranks; "
-                  f"the world comes back to {self.target} rank(s) at most", file=sys.stderr,
-                  flush=True)
+        return True
+
+    def departed(self, update: dict[str, Any]) -> None:
+        """Collective, in the world formed in place after ranks left
+        (``update`` from :func:`hora.common.elastic.notifications.parse_update`:
+        fewer slots on its hosts): nothing more is placed where slots went,
+        and the world comes back to ``update["shrink"]`` ranks at most."""
+        self._lower_to(update["shrink"], {name for name, slots, _ in update["hosts"] if not slots})
+        # a place on a host with fewer slots may be one it no longer has
+        fewer = {name for name, slots, _ in update["hosts"] if slots}
+        self.place = [entry for entry in self.place if entry.rpartition(":")[0] not in fewer]
 
     def abandoned(self) -> None:
         """After a loss ended the spawn under way (``hora._C.reform``): its

@@ -11,7 +11,13 @@ did not start with; ``-`` for none (a job on this machine only). In place,
 ``hosts-updated <timestamp> lower <size> <removed>`` says that hosts
 (``host,...``) whose ranks were all lost already left the job's hosts, so
 the world comes back to ``<size>`` ranks at most: the ranks go on, and
-start no processes for the lost ranks beyond that. A rank 0
+start no processes for the lost ranks beyond that (``-``: no host left,
+some have fewer slots). ``hosts-updated <timestamp> shrink <size>
+<host>:<slots>:<reported>,...`` says that hosts of the job have fewer
+slots (0: removed) while ranks still run there: at the next commit the
+ranks on each such host (those whose host name is ``<reported>``) beyond
+its slots leave the job, lowest ranks staying, and the others go on in
+place, ``<size>`` ranks at most. A rank 0
 of a world formed later connects again and hears every message sent so
 far; ``State.check_host_updates`` acts only on those newer than the last
 it saw.
@@ -64,14 +70,22 @@ class HostUpdateListener:
 def parse_update(fields: list[str]) -> dict[str, Any] | None:
     """What a message's fields after the timestamp describe: a growth
     (``{"grow": size, "place": [...], "add": [...]}``), a lower size
-    (``{"lower": size, "removed": [...]}``), or None for a change that
-    needs a new world."""
+    (``{"lower": size, "removed": [...]}``), ranks to leave
+    (``{"shrink": size, "hosts": [(name, slots, reported), ...]}``), or None
+    for a change that needs a new world."""
     if len(fields) == 4 and fields[0] == "grow":
         place = [] if fields[2] == "-" else fields[2].split(",")
         add = [] if fields[3] == "-" else fields[3].split(",")
         return {"grow": int(fields[1]), "place": place, "add": add}
     if len(fields) == 3 and fields[0] == "lower":
-        return {"lower": int(fields[1]), "removed": fields[2].split(",")}
+        return {"lower": int(fields[1]),
+                "removed": [] if fields[2] == "-" else fields[2].split(",")}
+    if len(fields) == 3 and fields[0] == "shrink":
+        hosts = []
+        for entry in fields[2].split(","):
+            name, slots, reported = entry.split(":")
+            hosts.append((name, int(slots), reported))
+        return {"shrink": int(fields[1]), "hosts": hosts}
     return None
 
 
@@ -84,4 +98,11 @@ def growth_line(timestamp: float, size: int, place: list[str], add: list[str]) -
 def lower_line(timestamp: float, size: int, removed: list[str]) -> str:
     """The message that says hosts left whose ranks were lost already, and
     the world comes back to ``size`` ranks at most (see above)."""
-    return f"hosts-updated {timestamp:.6f} lower {size} {','.join(removed)}\n"
+    return f"hosts-updated {timestamp:.6f} lower {size} {','.join(removed) or '-'}\n"
+
+
+def shrink_line(timestamp: float, size: int, hosts: list[tuple[str, int, str]]) -> str:
+    """The message that says hosts have fewer slots (0: removed) while
+    ranks of the job still run there (see above)."""
+    entries = ",".join(f"{name}:{slots}:{reported}" for name, slots, reported in hosts)
+    return f"hosts-updated {timestamp:.6f} shrink {size} {entries}\n"

@@ -15,7 +15,10 @@ processes, form a world of their own (``hora._C.reform``, ULFM), take the
 state of the new rank 0 (so that a step some survivors finished and others
 did not is redone alike), run the reset callbacks and call the function
 again. Nothing since the last commit is lost. Where the MPI cannot re-form
-in place, they leave for a relaunch as above. They also start replacement
+in place, they leave for a relaunch as above. When horarun reports hosts
+removed (or fewer slots) while ranks run there, those ranks leave at a
+commit and end their processes, and the others form a world without them
+(``hora._C.exclude``) and go on from that commit. They also start replacement
 processes (:mod:`hora.common.elastic.growth`), which join at a later
 ``commit()`` and take the state from rank 0; more slots that horarun's
 host discovery finds are filled the same way (other host changes still
@@ -261,6 +264,78 @@ def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     growth.replace_lost()  # what a growth under way did not cover
 
 
+def leavers(hosts: list[str], shrink: dict[str, Any]) -> list[int]:
+    """The ranks (of a world whose ranks report the host names ``hosts``,
+    in rank order) that leave for ``shrink`` (see
+    :func:`hora.common.elastic.notifications.parse_update`): on each host
+    with fewer slots, those beyond its slots, the lowest ranks staying."""
+    from hora.runner.hosts import same_host
+    leaving: list[int] = []
+    for _, slots, reported in shrink["hosts"]:
+        here = [r for r, host in enumerate(hosts) if same_host(reported, host)]
+        leaving += here[slots:]
+    return sorted(set(leaving))
+
+
+def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
+    """At a commit, with hosts of the job removed (or fewer slots on them)
+    while ranks run there: those ranks leave the job and end their
+    process; the others form a world of their own in place (no rank is
+    lost: nothing to detect, nothing to redo) and go on, as Horovod's
+    workers do when the driver removes a host."""
+    from hora import _C
+    from hora.common.basics import local_rank, rank, size
+    from hora.common.ops import allgather_object
+    from hora.runner.rank_exec import host_name
+    departure, state._departure, state._growth_found = state._departure, None, None
+    shrink = departure["shrink"]
+    hosts = allgather_object(host_name(), name="hora.elastic.hosts")
+    leaving = leavers(hosts, shrink)
+    before, me = size(), rank()
+    if len(leaving) == before:
+        _leave(state, store, "every host of the world was removed")
+    if leaving:
+        if state.holds_shards() and state._buddies is None:
+            _leave(state, store, f"rank(s) {', '.join(map(str, leaving))} leave with their "
+                                 f"shards of the training state (held by a process set of its "
+                                 f"own or hybrid: not cut again in place)")
+        if state._buddies is not None:
+            # the leavers' parts of the commit just made go to ranks that stay
+            state._buddies.hand_over(leaving)
+        left, seconds = _C.exclude(leaving)
+        growth.abandoned()  # a spawn under way went with the old world
+        if left:
+            store.flush()
+            print(f"hora.elastic: rank {me} leaves the job (its host {hosts[me]} was removed "
+                  f"or has fewer slots); the others go on in place", file=sys.stderr, flush=True)
+            raise SystemExit(0)
+        world_formed()
+        store.writer = local_rank() == 0
+        if state._buddies is not None:
+            # the commit just made, its shards cut again for this world
+            _, label = _restore_shards(state, store, joining=False)
+            state.on_reset()
+            _settle(state, store, label)
+        else:
+            # as after a growth: the reset callbacks, then rank 0's state
+            # everywhere (the same commit on every rank, and what the
+            # callbacks changed)
+            state.on_reset()
+            state.save()
+            state.sync()
+        if rank() == 0:
+            print(f"hora.elastic: rank(s) {', '.join(map(str, leaving))} left the job (their "
+                  f"hosts were removed or have fewer slots); {size()} rank(s) go on in place "
+                  f"(world re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
+    # what else horarun reported since the last check, in the order heard
+    if not shrink["last"]:
+        growth.departed(shrink)
+    state._act_on_sizes(departure["grow"], departure["lower"])
+    if shrink["last"]:
+        growth.departed(shrink)
+    growth.replace_lost()
+
+
 def _join(state: Any, store: CommitStore, growth: Growth) -> None:
     """A replacement's start: its hora.init() learnt its place in the world;
     it joins now, at the world's next commit, and takes rank 0's state (as
@@ -311,6 +386,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         if in_place:
             state._growth_check = growth.ready
             state._growth_lower = growth.lower
+            state._departs_in_place = True
             # else new slots mean a relaunch: so do they for state held in
             # shards that is not cut again in place (a process set's own,
             # or hybrid), which a new world re-cuts from the commit's parts
@@ -327,6 +403,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                     _reform_in_place(state, store, interrupted, growth)
                 elif interrupted == "join":
                     _join(state, store, growth)
+                elif interrupted is not None and state._growth_found == "depart":
+                    _depart_in_place(state, store, growth)
                 elif interrupted is not None:
                     _grow_in_place(state, store, growth)
                 if interrupted is not None:

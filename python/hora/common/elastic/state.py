@@ -40,7 +40,8 @@ class State:
         self._bcast_object = bcast_object or _broadcast_object
         self._rank = get_rank or _rank
         self._host_messages: queue.Queue = queue.Queue()
-        self._last_updated_timestamp = 0
+        self._heard: list[tuple[float, Any]] = []
+        self._last_updated_timestamp = 0.0
         self._reset_callbacks: list[Callable[[], Any]] = []
         self._commits = 0       # commits so far, counted across relaunches
         # set by hora's run() under an elastic horarun
@@ -55,6 +56,10 @@ class State:
         # and hosts horarun reports gone with their ranks (the world comes
         # back to fewer ranks)
         self._growth_lower: Callable[[dict[str, Any]], None] | None = None
+        # and whether ranks can leave in place (fewer slots, or hosts
+        # removed, where ranks still run), and what run() then acts on
+        self._departs_in_place = False
+        self._departure: dict[str, Any] | None = None
         # set by hora's run() in place for state held in shards that can be
         # cut again in place: the parts' copies on the neighbouring ranks
         self._buddies: BuddyCopies | None = None
@@ -111,8 +116,12 @@ class State:
         relaunch = False
         grow: dict[str, Any] | None = None
         lower: dict[str, Any] | None = None
+        shrink: dict[str, Any] | None = None
+        # kept until every rank acted on them: a loss during the broadcast
+        # below leaves them for the next check, in the next world
         while not self._host_messages.empty():
-            timestamp, update = self._host_messages.get()
+            self._heard.append(self._host_messages.get())
+        for timestamp, update in self._heard:
             if timestamp <= previous:  # heard before, by an earlier rank 0
                 continue
             newest = max(newest, timestamp)
@@ -120,33 +129,51 @@ class State:
                 grow = update if grow is None else {  # two since the last check
                     "grow": update["grow"], "place": grow["place"] + update["place"],
                     "add": grow["add"] + update["add"]}
-                if lower is not None:
-                    lower["last"] = False
+                for later in (lower, shrink):
+                    if later is not None:
+                        later["last"] = False
             elif isinstance(update, dict) and "lower" in update:
                 removed = (lower["removed"] if lower else []) + update["removed"]
                 lower = {"lower": update["lower"], "removed": removed, "last": True}
+            elif isinstance(update, dict) and "shrink" in update:
+                hosts = {name: entry for name, *entry in (shrink or {}).get("hosts", [])}
+                hosts.update({name: entry for name, *entry in update["hosts"]})
+                shrink = {"shrink": update["shrink"], "last": True,
+                          "hosts": [(name, *entry) for name, entry in hosts.items()]}
             else:
                 relaunch = True
         growth = None
         if self._growth_check is not None and self._rank() == 0:
             growth = self._growth_check()
         # rank 0 hears from horarun; everyone must act at the same point
-        self._last_updated_timestamp, growth, relaunch, grow, lower = self._bcast_object(
-            (newest, growth, relaunch, grow, lower))
-        if relaunch or (grow is not None and self._growth_expand is None):
+        self._last_updated_timestamp, growth, relaunch, grow, lower, shrink = self._bcast_object(
+            (newest, growth, relaunch, grow, lower, shrink))
+        self._heard.clear()
+        if (relaunch or (grow is not None and self._growth_expand is None)
+                or (shrink is not None and not self._departs_in_place)):
             raise HostsUpdatedInterrupt(False)
-        # in the order heard: a growth heard last was measured without the
-        # hosts removed before it
-        lower_now = lower is not None and self._growth_lower is not None
-        if lower_now and not lower["last"]:
-            self._growth_lower(lower)  # type: ignore[misc]
-        if grow is not None:
-            self._growth_expand(grow)  # type: ignore[misc]
-        if lower_now and lower["last"]:
-            self._growth_lower(lower)  # type: ignore[misc]
+        if shrink is not None:
+            # ranks leave: the world is formed again first (hora's run()
+            # does it), then the rest is acted on there
+            self._departure = {"shrink": shrink, "grow": grow, "lower": lower}
+            self._growth_found = "depart"
+            raise HostsUpdatedInterrupt(False)
+        self._act_on_sizes(grow, lower)
         if growth is not None:
             self._growth_found = growth
             raise HostsUpdatedInterrupt(False)
+
+    def _act_on_sizes(self, grow: dict[str, Any] | None, lower: dict[str, Any] | None) -> None:
+        """Collective: more slots found, and hosts left with their ranks, in
+        the order heard (a growth heard last was measured without the hosts
+        removed before it)."""
+        lowering = self._growth_lower if lower is not None else None
+        if lowering is not None and lower is not None and not lower["last"]:
+            lowering(lower)
+        if grow is not None and self._growth_expand is not None:
+            self._growth_expand(grow)
+        if lowering is not None and lower is not None and lower["last"]:
+            lowering(lower)
 
     def save(self) -> None:
         """Keeps a copy of the state as the last committed one."""
