@@ -21,7 +21,12 @@ recovery: an elastic PyTorch job under horarun (a small MLP) loses its
     (``grow``: ``--elastic-in-place`` with a discovery script, 2 ranks, 30 ms
     steps): at a fixed step rank 0 adds a slot to the script's list; the
     time from then to the new process's first step in the world, from its
-    start to that step, and the ranks' pause.
+    start to that step, and the ranks' pause. Left (``leave``: in place with
+    a discovery script, 30 ms steps, 2, 3 and 4 ranks; ``leave-relaunch``:
+    the same job relaunched, 3 ranks): at a fixed step rank 0 lists one slot
+    fewer; the time from then to the first step of the world without the
+    last rank, and in place the ranks' pause (from the commit at which it
+    left to their next step).
 churn (``--churn``): a 3-rank job (50 ms steps) trains for ``--churn-seconds``
     while the bench SIGKILLs one of its training processes (any, rank 0
     included) every ``--kill-every`` seconds; reported is the training that
@@ -65,9 +70,11 @@ def build_parser():
                         help="commit: model sizes in MB of parameters (default 1,10,100)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="recovery: jobs to run; commit: commits per size (default 3)")
-    parser.add_argument("--modes", default="relaunch,in-place,in-place-tcp,sharded,replace,grow",
-                        help="recovery: relaunch, in-place, in-place-tcp, sharded, replace "
-                             "and/or grow (default all)")
+    parser.add_argument("--modes",
+                        default="relaunch,in-place,in-place-tcp,sharded,replace,grow,leave,"
+                                "leave-relaunch",
+                        help="recovery: relaunch, in-place, in-place-tcp, sharded, replace, "
+                             "grow, leave and/or leave-relaunch (default all)")
     parser.add_argument("--ranks", default="2,3,4",
                         help="recovery in place: world sizes (default 2,3,4)")
     parser.add_argument("--churn", action="store_true",
@@ -85,18 +92,19 @@ def build_parser():
 
 
 def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
-    in_place = mode != "relaunch"
+    in_place = mode not in ("relaunch", "leave-relaunch")
     env = dict(os.environ, HORA_ELASTIC_STATE_DIR=os.path.join(folder, "state"),
                HORA_BENCH_KILL_STEP="30", HORA_BENCH_CUDA="1" if _CUDA else "0")
     extra = {"relaunch": [], "in-place": ["--elastic-in-place", "--no-replace"],
              "in-place-tcp": ["--elastic-in-place", "--no-replace", "--transport", "tcp"],
              "sharded": ["--elastic-in-place", "--no-replace"],
-             "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"]}[mode]
+             "replace": ["--elastic-in-place"], "grow": ["--elastic-in-place"],
+             "leave": ["--elastic-in-place"], "leave-relaunch": []}[mode]
     if mode == "sharded":  # 5 steps after the last commit: those are redone
         env.update(HORA_BENCH_SHARDING="gradients", HORA_BENCH_KILL_STEP="35")
-    if mode in ("replace", "grow"):
+    if mode in ("replace", "grow", "leave", "leave-relaunch"):
         env.update(HORA_BENCH_STEPS="300", HORA_BENCH_STEP_SLEEP="0.03")
-    if mode == "grow":
+    if mode in ("grow", "leave", "leave-relaunch"):
         hosts = os.path.join(folder, "hosts")
         with open(hosts, "w") as f:
             f.write(f"localhost:{ranks}\n")
@@ -104,18 +112,18 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
         with open(script, "w") as f:
             f.write(f"#!/bin/sh\ncat {hosts}\n")
         os.chmod(script, 0o755)
-        env["HORA_BENCH_GROW_FILE"] = hosts
-        extra += ["--max-np", str(ranks + 1), "--host-discovery-script", script]
+        env["HORA_BENCH_GROW_FILE" if mode == "grow" else "HORA_BENCH_LEAVE_FILE"] = hosts
+        extra += ["--max-np", str(ranks + (mode == "grow")), "--host-discovery-script", script]
     done = subprocess.run(
-        [sys.executable, "-m", "hora.runner", "-np", str(ranks), "--min-np", str(ranks - 1 if
-                                                                                in_place else
-                                                                                ranks),
+        [sys.executable, "-m", "hora.runner", "-np", str(ranks), "--min-np",
+         str(ranks - 1 if in_place or mode == "leave-relaunch" else ranks),
          *extra, sys.executable, WORKER], env=env, capture_output=True, text=True, timeout=300,
         check=False)
     output = done.stdout + done.stderr
     if done.returncode != 0:
         raise RuntimeError(f"the recovery job failed:\n{output[-4000:]}")
-    went_on = "joined; " if mode == "grow" else "go on in place"
+    went_on = "joined; " if mode == "grow" else "left the job" if mode == "leave" else \
+        "go on in place"
     if in_place and went_on not in output:
         raise RuntimeError(f"the ranks did not go on in place:\n{output[-4000:]}")
     if mode == "sharded" and "back to commit 3," not in output:
@@ -123,7 +131,10 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
     events = {m.group(1): float(m.group(2))
               for m in re.finditer(r"bench-elastic (\w+) ([0-9.]+)", output)}
     needed = ({"relaunch": ["killed", "first_step", "initialized", "restored"],
-               "grow": ["slots_added"]}.get(mode, ["killed", "first_step", "reset"]))
+               "grow": ["slots_added"],
+               "leave": ["slots_removed", "leave_commit", "left_first_step"],
+               "leave-relaunch": ["slots_removed", "first_step", "initialized", "restored"]}
+              .get(mode, ["killed", "first_step", "reset"]))
     if mode == "sharded":
         needed.append("commit_mean")
     if mode in ("replace", "grow"):
@@ -135,6 +146,22 @@ def _recovery_job(ranks: int, mode: str, folder: str) -> dict[str, float]:
 
 def _recovery_row(mode: str, ranks: int, events: dict[str, float]) -> dict[str, Any]:
     row: dict[str, Any] = {"mode": mode, "ranks": ranks}
+    if mode in ("leave", "leave-relaunch"):
+        first = events["left_first_step" if mode == "leave" else "first_step"]
+        row["slot_to_first_step_s"] = first - events["slots_removed"]
+        summary = (f"{row['slot_to_first_step_s']:.2f} s from the slot's removal to the first "
+                   f"step without the last rank")
+        if mode == "leave":
+            pause = first - events["leave_commit"]
+            row["survivors_pause_s"] = pause
+            split = (f"the ranks paused {pause * 1e3:.0f} ms from the commit at which it left "
+                     f"(a step: 30 ms of sleep and ~1 ms of work)")
+        else:
+            init = events["initialized"] - events["slots_removed"]
+            row.update(slot_to_init_s=init)
+            split = f"{init:.2f} s to hora.init() in the new world"
+        row["summary"] = f"{summary} ({split})"
+        return row
     if mode == "grow":
         added = events["joiner_first_step"] - events["slots_added"]
         row["slot_to_first_step_s"] = added
@@ -176,7 +203,7 @@ def measure_recovery(repeats: int, modes: list[str], sizes: list[int]) -> list[d
     rows = []
     for mode in modes:
         for ranks in {"in-place": sizes, "in-place-tcp": sizes, "sharded": sizes,
-                      "replace": [3]}.get(mode, [2]):
+                      "leave": sizes, "replace": [3], "leave-relaunch": [3]}.get(mode, [2]):
             for _ in range(repeats):
                 with tempfile.TemporaryDirectory(prefix="hora-bench-elastic-") as folder:
                     events = _recovery_job(ranks, mode, folder)
@@ -310,13 +337,14 @@ def main(argv=None):
     results: dict[str, Any] = {"benchmark": "elastic", "cuda": args.cuda}
     if not args.skip_recovery:
         print("# elastic recovery: the last rank SIGKILLed at step 30 (grow: a slot added "
-              "then)", flush=True)
+              "then; leave: one removed)", flush=True)
         modes = [m for m in args.modes.split(",") if m]
         results["recovery"] = measure_recovery(args.repeats, modes,
                                                [int(r) for r in args.ranks.split(",")])
         for mode in modes:
             for ranks in sorted({r["ranks"] for r in results["recovery"] if r["mode"] == mode}):
-                key = "slot_to_first_step_s" if mode == "grow" else "kill_to_first_step_s"
+                key = ("slot_to_first_step_s" if mode in ("grow", "leave", "leave-relaunch")
+                       else "kill_to_first_step_s")
                 median = statistics.median(r[key] for r in results["recovery"]
                                            if r["mode"] == mode and r["ranks"] == ranks)
                 print(f"  median, {mode}, {ranks} ranks: {median:.3f} s", flush=True)

@@ -9,6 +9,10 @@ relaunched, rank 0 of the next world reports init, restore and its first
 step. With HORA_BENCH_GROW_FILE (a discovery script's hosts file) nothing
 is killed: at that step rank 0 writes one more slot into the file and
 reports it, and the new process and the ranks report as for a replacement.
+With HORA_BENCH_LEAVE_FILE rank 0 writes one slot fewer there instead
+(``slots_removed``): in place the last rank leaves at a commit, and rank 0
+reports that commit (``leave_commit``) and its first step after
+(``left_first_step``); relaunched, the next world reports as above.
 HORA_BENCH_STEPS and HORA_BENCH_STEP_SLEEP set how long it trains;
 HORA_BENCH_SHARDING shards Adam's state (``sharding=`` of
 DistributedOptimizer) instead of the plain SGD; HORA_BENCH_CUDA=1 trains on
@@ -50,6 +54,7 @@ steps = int(os.environ.get("HORA_BENCH_STEPS", str(2 * kill_step)))
 step_sleep = float(os.environ.get("HORA_BENCH_STEP_SLEEP", "0"))
 deadline = float(os.environ.get("HORA_BENCH_DEADLINE", "0"))
 grow_file = os.environ.get("HORA_BENCH_GROW_FILE")
+leave_file = os.environ.get("HORA_BENCH_LEAVE_FILE")
 # the reset that a new process joining brings (after the kill's, if any)
 JOIN_RESET = 1 if grow_file else 2
 BATCH = 32
@@ -76,7 +81,9 @@ commit_seconds: list[float] = []
 def on_reset():
     resets[0] += 1
     if launch == 0 and hvd.rank() == 0:
-        if resets[0] == JOIN_RESET:  # the new process joined at the last commit
+        if leave_file and resets[0] == 1:  # the last rank left at the last commit
+            event("leave_commit", last_commit[0])
+        elif resets[0] == JOIN_RESET:  # the new process joined at the last commit
             event("grow_commit", last_commit[0])
         elif resets[0] == 1:
             event("reset")
@@ -100,7 +107,11 @@ def train(state):
                 with open(grow_file, "w") as hosts:
                     hosts.write(f"localhost:{hvd.size() + 1}\n")
                 event("slots_added")
-            elif not grow_file and hvd.rank() == victim:
+            elif leave_file and hvd.rank() == 0:
+                with open(leave_file, "w") as hosts:
+                    hosts.write(f"localhost:{hvd.size() - 1}\n")
+                event("slots_removed")
+            elif not grow_file and not leave_file and hvd.rank() == victim:
                 event("killed")
                 os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(step_sleep)
@@ -110,6 +121,7 @@ def train(state):
         optimizer.step()
         if first and recovering and (hvd.rank() == 0 or joiner):
             name = "joiner_first_step" if joiner else (
+                "left_first_step" if leave_file and launch == 0 else
                 "grown_first_step" if resets[0] == JOIN_RESET else "first_step")
             event(name)
         first = False
