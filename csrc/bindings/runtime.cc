@@ -158,6 +158,10 @@ void RegisterRuntime(py::module_& m) {
       },
       py::arg("argv"), py::arg("count"),
       py::arg("info") = std::vector<std::pair<std::string, std::string>>());
+  m.def("cancel_growth", [] {
+    py::gil_scoped_release release;
+    runtime::CancelGrowth();
+  });
   m.def("growth_state", [] {
     const char* names[] = {"none", "starting", "ready", "failed"};
     return std::string(names[static_cast<int>(runtime::Growth())]);

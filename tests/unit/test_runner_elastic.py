@@ -197,7 +197,7 @@ def test_a_growth_message_reads_back_as_it_was_sent():
 def _state_seeing(messages, expand, lower=None):
     from hora.common.elastic.state import ObjectState
     state = ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0, epoch=0)
-    state._growth_expand = expand
+    state._growth_expand = (lambda update, start=True: expand(update)) if expand else None
     state._growth_lower = lower
     for timestamp, update in messages:
         state.on_hosts_updated(timestamp, update)
@@ -317,6 +317,25 @@ def test_ranks_to_leave_interrupt_at_a_commit_with_every_change_since_the_last()
     assert state._growth_found is None
 
 
+def test_a_growth_heard_with_ranks_leaving_starts_nothing_until_the_size_is_known(monkeypatch):
+    from hora.common import basics
+    from hora.common.elastic import growth as growth_module
+    monkeypatch.setattr(basics, "rank", lambda: 1)
+    monkeypatch.setattr(basics, "size", lambda: 3)
+    growth = growth_module.Growth({"HORA_ELASTIC_IN_PLACE": "1", "HORA_SIZE": "4"})
+    started = []
+    monkeypatch.setattr(growth, "replace_lost", lambda: started.append(growth.target))
+    state = _state_departing([])
+    state._growth_expand = growth.expand
+    # 4 slots, then 5, then 3 (heard last): nothing starts for the 5
+    state._act_on_sizes({"grow": 5, "place": [], "add": []}, None, start=False)
+    assert started == [] and growth.target == 5
+    growth.departed({"shrink": 3, "hosts": [("localhost", 3, "vm")]})
+    assert growth.target == 3
+    state._act_on_sizes({"grow": 6, "place": [], "add": []}, None)
+    assert started == [6]
+
+
 def test_host_changes_are_kept_when_the_check_fails_on_a_lost_rank():
     from hora.common.elastic.state import ObjectState
     from hora.common.exceptions import HoraInternalError
@@ -325,7 +344,7 @@ def test_host_changes_are_kept_when_the_check_fails_on_a_lost_rank():
     def broken(obj, root_rank=0):
         raise HoraInternalError("a rank was lost")
     state = ObjectState(bcast_object=broken, get_rank=lambda: 0, epoch=0)
-    state._growth_expand = grown.append
+    state._growth_expand = lambda update, start=True: grown.append(update)
     state.on_hosts_updated(1.0, {"grow": 3, "place": [], "add": []})
     with pytest.raises(HoraInternalError):
         state.check_host_updates()

@@ -88,6 +88,16 @@ Status StartWorld(std::unique_ptr<Communicator> comm, const char* context,
   return Status::OK();
 }
 
+// With g_mutex held: gives up the growth under way. A spawn that has not
+// ended may be stuck starting a process (on a host that went away): it is
+// left behind, as Reform leaves it (its processes are told or ended once
+// it ends), rather than waited for.
+void DropGrowthLocked() {
+  if (!g_spawning) return;
+  if (g_spawning->Finished()) g_spawning->Cancel();
+  g_spawning.reset();
+}
+
 }  // namespace
 
 Status Init(const InitOptions& options) {
@@ -184,6 +194,11 @@ Status Reform(double* seconds) {
   return StartWorld(std::move(survivors), "hora.reform", began, seconds);
 }
 
+void CancelGrowth() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  DropGrowthLocked();
+}
+
 Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds) {
   const auto began = std::chrono::steady_clock::now();
   *left = false;
@@ -207,8 +222,7 @@ Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds) {
   std::shared_ptr<Engine> old;
   old.swap(g_engine);
   g_was_shut_down = true;  // until the new engine runs
-  if (g_spawning) g_spawning->Cancel();
-  g_spawning.reset();
+  DropGrowthLocked();
   // Every rank stops its engine here, at the same point of the program.
   old->Shutdown();
   std::unique_ptr<Communicator> comm = old->TakeCommunicator();

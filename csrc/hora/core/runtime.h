@@ -58,6 +58,9 @@ Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds);
 // the old engine goes on. A Reform abandons a growth under way.
 Status StartGrowth(const std::vector<std::string>& argv, int count,
                    const Communicator::SpawnInfo& info);
+// Gives up the growth under way (its processes are told they are not
+// needed, or ended); collective, as StartGrowth.
+void CancelGrowth();
 enum class GrowthState { kNone, kStarting, kReady, kFailed };
 GrowthState Growth();
 Status Grow(double* seconds);

@@ -86,6 +86,8 @@ class MpiCommunicator : public Communicator {
   // process set's) also gets the duplicate that Spawn travels over.
   static Status Adopt(MPI_Comm comm, const std::string& hostname, bool world,
                       std::unique_ptr<MpiCommunicator>* out);
+  // Growth: the logical AND of `flag` (0 or 1) over this world's ranks.
+  void Agree(int* flag);
   // Wraps `comm` (taking ownership) as a part of a larger communicator.
   static std::unique_ptr<MpiCommunicator> Part(MPI_Comm comm, bool one_host);
   // Completes a nonblocking call, napping (see common/backoff.h) rather than

@@ -308,12 +308,35 @@ Status MpiCommunicator::StartSpawn(const std::vector<std::string>& argv, int cou
   return Status::OK();
 }
 
+void MpiCommunicator::Agree(int* flag) {
+  // Over the spawn's duplicate: the engine thread may still be using comm_.
+  // (ULFM's agreement reports a failed rank of the world too, but agrees
+  // on the flag all the same: the flag is what counts here.)
+#if HORA_HAVE_ULFM
+  MPIX_Comm_agree(spawn_comm_->comm, flag);
+#else
+  MPI_Allreduce(MPI_IN_PLACE, flag, 1, MPI_INT, MPI_MIN, spawn_comm_->comm);
+#endif
+}
+
 Status MpiCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>* out) {
   out->reset();
   auto* mpi = dynamic_cast<MpiSpawning*>(spawning);
   if (mpi == nullptr) return Status::Internal("merge: not an MPI spawn");
   MPI_Comm joiners = MPI_COMM_NULL;
   Status status = mpi->Joiners(&joiners);
+  // Only rank 0 talks to the new processes before they join, so only it
+  // knows when one was lost first: agree, so that nobody enters the merge
+  // alone. (A rank inside it, waiting for the others, would be freed only
+  // by a revoke, whose forwarding to the lost process can block for good
+  // in Open MPI 5.0, looking up how to reach it.)
+  int ready = status.ok() ? 1 : 0;
+  Agree(&ready);
+  if (!ready) {
+    if (joiners != MPI_COMM_NULL) MPI_Comm_free(&joiners);
+    if (status.ok()) status = Status::Internal("a process that was to join was lost on the way");
+    return status.WithContext("merge");
+  }
   MPI_Comm merged = MPI_COMM_NULL;
   std::unique_ptr<MpiCommunicator> result;
   if (status.ok() && topology_.rank == 0) {
@@ -334,15 +357,10 @@ Status MpiCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>*
     MPI_Comm_free(&joiners);
   }
   if (status.ok()) status = Adopt(merged, hostname_override_, /*world=*/true, &result);
-  // A new process lost on the way fails these on some ranks only: agree.
-  // (Over the spawn's duplicate: the engine thread may still be using
-  // comm_.)
+  // A new process lost during the merge fails these on some ranks only:
+  // agree.
   int ok = status.ok() ? 1 : 0;
-#if HORA_HAVE_ULFM
-  MPIX_Comm_agree(spawn_comm_->comm, &ok);
-#else
-  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, spawn_comm_->comm);
-#endif
+  Agree(&ok);
   if (!ok) {
     if (status.ok()) status = Status::Internal("a process that was to join was lost on the way");
     return status.WithContext("merge");

@@ -443,6 +443,11 @@ namespace {
 class TcpSpawning : public Communicator::Spawning {
  public:
   TcpSpawning(TcpRendezvous* rendezvous, int count) : rendezvous_(rendezvous), count_(count) {}
+  // Given up while its processes still start (a world re-formed, ranks
+  // left): the launcher ends them.
+  ~TcpSpawning() override {
+    if (!final_ && !cancelled_) rendezvous_->CancelSpawn();
+  }
   int count() const override { return count_; }
   bool Finished() const override {
     if (final_) return true;

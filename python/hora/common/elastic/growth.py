@@ -93,10 +93,10 @@ class Growth:
         in place, replacing, started by horarun's rank wrapper."""
         return self.enabled and self.launch is not None
 
-    def expand(self, update: dict[str, Any]) -> None:
+    def expand(self, update: dict[str, Any], start: bool = True) -> None:
         """Collective, at a commit: horarun found more slots (``update`` from
         :func:`hora.common.elastic.notifications.parse_update`); starts the
-        processes that fill them."""
+        processes that fill them (with ``start``; else the caller does)."""
         from hora.common.basics import rank
         self.place += update["place"]
         self.add += update["add"]
@@ -111,7 +111,8 @@ class Growth:
             return
         # (else slots came back where lost ranks were, a host lost whole
         # listed again: the replacements still to start go there)
-        self.replace_lost()
+        if start:
+            self.replace_lost()
 
     def lower(self, update: dict[str, Any]) -> None:
         """Collective, at a commit: horarun reports hosts gone whose ranks

@@ -287,23 +287,35 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     from hora.common.basics import local_rank, rank, size
     from hora.common.ops import allgather_object
     from hora.runner.rank_exec import host_name
-    departure, state._departure, state._growth_found = state._departure, None, None
+    from hora.common.exceptions import HoraError
+    # (kept until the world without the leavers is formed: a rank lost
+    # before that re-forms the world, and the departure is made in it)
+    departure, state._growth_found = state._departure, None
     shrink = departure["shrink"]
     hosts = allgather_object(host_name(), name="hora.elastic.hosts")
     leaving = leavers(hosts, shrink)
     before, me = size(), rank()
     if len(leaving) == before:
         _leave(state, store, "every host of the world was removed")
+    if leaving and state.holds_shards() and state._buddies is None:
+        _leave(state, store, f"rank(s) {', '.join(map(str, leaving))} leave with their shards "
+                             f"of the training state (held by a process set of its own or "
+                             f"hybrid: not cut again in place)")
+    if _C.growth_state() != "none":
+        # processes starting for the old world may be bound for a host that
+        # went: started again below, for the world that is left
+        _C.cancel_growth()
+        growth.abandoned()
     if leaving:
-        if state.holds_shards() and state._buddies is None:
-            _leave(state, store, f"rank(s) {', '.join(map(str, leaving))} leave with their "
-                                 f"shards of the training state (held by a process set of its "
-                                 f"own or hybrid: not cut again in place)")
         if state._buddies is not None:
             # the leavers' parts of the commit just made go to ranks that stay
             state._buddies.hand_over(leaving)
-        left, seconds = _C.exclude(leaving)
-        growth.abandoned()  # a spawn under way went with the old world
+        try:
+            left, seconds = _C.exclude(leaving)
+        except HoraError as error:  # the engine is gone: no re-forming in place
+            _leave(state, store, f"rank(s) {', '.join(map(str, leaving))} were to leave, and the "
+                                 f"others could not form a world without them ({error})")
+        state._departure = None
         if left:
             store.flush()
             print(f"hora.elastic: rank {me} leaves the job (its host {hosts[me]} was removed "
@@ -311,6 +323,7 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
             raise SystemExit(0)
         world_formed()
         store.writer = local_rank() == 0
+        state.drop_step_in_flight()  # (none at a commit; a check made elsewhere may have one)
         if state._buddies is not None:
             # the commit just made, its shards cut again for this world
             _, label = _restore_shards(state, store, joining=False)
@@ -327,13 +340,29 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
             print(f"hora.elastic: rank(s) {', '.join(map(str, leaving))} left the job (their "
                   f"hosts were removed or have fewer slots); {size()} rank(s) go on in place "
                   f"(world re-formed in {seconds * 1000:.0f} ms)", file=sys.stderr, flush=True)
-    # what else horarun reported since the last check, in the order heard
+    state._departure = None
+    # what else horarun reported since the last check, in the order heard;
+    # the processes they need are started once the size to come back to is
+    # known (a growth heard before the removal was measured with it)
     if not shrink["last"]:
         growth.departed(shrink)
-    state._act_on_sizes(departure["grow"], departure["lower"])
+    state._act_on_sizes(departure["grow"], departure["lower"], start=False)
     if shrink["last"]:
         growth.departed(shrink)
     growth.replace_lost()
+
+
+def _departure_pending(state: Any) -> bool:
+    """Collective, in a world re-formed after a loss: whether ranks were to
+    leave when it came (a loss in the middle of the check that heard of it
+    can leave that known to some ranks only: rank 0's view counts; if it
+    did not hear, it hears again, and the next commit acts)."""
+    from hora.common.ops import broadcast_object
+    state._departure = broadcast_object(state._departure, root_rank=0,
+                                        name="hora.elastic.departure")
+    if state._departure is None and state._growth_found == "depart":
+        state._growth_found = None
+    return state._departure is not None
 
 
 def _join(state: Any, store: CommitStore, growth: Growth) -> None:
@@ -401,6 +430,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 if isinstance(interrupted, HoraInternalError):
                     _reform_in_place(state, store, interrupted, growth)
+                    if _departure_pending(state):  # a loss interrupted it
+                        _depart_in_place(state, store, growth)
                 elif interrupted == "join":
                     _join(state, store, growth)
                 elif interrupted is not None and state._growth_found == "depart":

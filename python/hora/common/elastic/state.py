@@ -52,7 +52,7 @@ class State:
         # growth horarun reports (more slots found)
         self._growth_check: Callable[[], str | None] | None = None
         self._growth_found: str | None = None
-        self._growth_expand: Callable[[dict[str, Any]], None] | None = None
+        self._growth_expand: Callable[[dict[str, Any], bool], None] | None = None
         # and hosts horarun reports gone with their ranks (the world comes
         # back to fewer ranks)
         self._growth_lower: Callable[[dict[str, Any]], None] | None = None
@@ -163,15 +163,17 @@ class State:
             self._growth_found = growth
             raise HostsUpdatedInterrupt(False)
 
-    def _act_on_sizes(self, grow: dict[str, Any] | None, lower: dict[str, Any] | None) -> None:
+    def _act_on_sizes(self, grow: dict[str, Any] | None, lower: dict[str, Any] | None,
+                      start: bool = True) -> None:
         """Collective: more slots found, and hosts left with their ranks, in
         the order heard (a growth heard last was measured without the hosts
-        removed before it)."""
+        removed before it); without ``start`` a growth starts no process
+        yet."""
         lowering = self._growth_lower if lower is not None else None
         if lowering is not None and lower is not None and not lower["last"]:
             lowering(lower)
         if grow is not None and self._growth_expand is not None:
-            self._growth_expand(grow)
+            self._growth_expand(grow, start)
         if lowering is not None and lower is not None and lower["last"]:
             lowering(lower)
 
