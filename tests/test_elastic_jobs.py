@@ -44,6 +44,19 @@ def _horarun(args, env, cwd, extra_env=None):
     return _finish(_start(args, env, cwd, extra_env))
 
 
+def _list_when(job, marker, hosts, listed):
+    """Once ``job`` prints a line with ``marker``, the discovery script's
+    ``hosts`` file lists ``listed``; the job's exit code and output."""
+    lines = []
+    for line in job.stdout:
+        lines.append(line)
+        if marker in line:
+            hosts.write_text(listed + "\n")
+            break
+    code, rest = _finish(job)
+    return code, "".join(lines) + rest
+
+
 def _params(prefix, ranks):
     return [torch.load(f"{prefix}.rank{r}.pt") for r in range(ranks)]
 
@@ -262,14 +275,7 @@ def test_discovery_grows_and_shrinks_the_world_at_a_commit(first, later, ranks_a
                   "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
                  {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.1",
                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    lines = []
-    for line in job.stdout:  # once training runs, the hosts change
-        lines.append(line)
-        if "world of" in line:
-            hosts.write_text(later + "\n")
-            break
-    code, rest = _finish(job)
-    output = "".join(lines) + rest
+    code, output = _list_when(job, "world of", hosts, later)
     assert code == 0, output
     change = "more slots found" if ranks_after == 2 else "fewer slots found"
     assert f"horarun: {change} (localhost:{ranks_after})" in output, output
@@ -294,14 +300,7 @@ def test_discovery_grows_the_world_in_place(fault, job_env, tmp_path):
                   "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
                  {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.1", "HORA_TEST_END_SIZE": "3",
                   "HORA_TEST_FAULT": fault, "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    lines = []
-    for line in job.stdout:  # once training runs, a slot is added
-        lines.append(line)
-        if "world of" in line:
-            hosts.write_text("localhost:3\n")
-            break
-    code, rest = _finish(job)
-    output = "".join(lines) + rest
+    code, output = _list_when(job, "world of", hosts, "localhost:3")
     assert code == 0, output
     assert ("horarun: more slots found (localhost:3); 1 new process(es) join the world in "
             "place at a commit") in output, output
@@ -336,14 +335,7 @@ def test_fewer_slots_make_a_rank_leave_and_the_others_go_on_in_place(transport, 
                   "--host-discovery-script", script, sys.executable, SCRIPT], job_env, tmp_path,
                  {"HORA_TEST_OUT": prefix, "HORA_TEST_STEP_SLEEP": "0.15",
                   "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    lines = []
-    for line in job.stdout:  # once training runs, a slot goes
-        lines.append(line)
-        if "world of 3" in line:
-            hosts.write_text("localhost:2\n")
-            break
-    code, rest = _finish(job)
-    output = "".join(lines) + rest
+    code, output = _list_when(job, "world of 3", hosts, "localhost:2")
     assert code == 0, output
     assert ("horarun: fewer slots found (localhost:2); the ranks beyond the slots left there "
             "leave at the next commit, and 2 rank(s) go on in place") in output, output
@@ -588,6 +580,26 @@ def test_sharded_state_recovers_in_place_from_the_buddy_copies(sharding, killed,
         assert [g["resets_seen"] for g in got["optimizer"]["param_groups"]] == [2], r
 
 
+def _sharded_discovered(sharding, ranks, worlds, job_env, tmp_path, prefix, extra):
+    """The sharded script in place, ``ranks`` slots listed by host discovery
+    at first (2 to 4), with ``extra`` in its environment: its output, once
+    it finished well after forming worlds of the sizes ``worlds`` (text),
+    never launched again."""
+    script, hosts = _discovery(tmp_path, f"localhost:{ranks}\n")
+    code, output = _horarun(
+        ["-np", str(ranks), "--min-np", "2", "--max-np", "4", "--elastic-in-place",
+         "--host-discovery-script", script, sys.executable, SHARDED],
+        dict(job_env, HORA_TEST_SHARDING=sharding), tmp_path,
+        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_STEP_SLEEP": "0.3",
+         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state"), **extra})
+    assert code == 0, output
+    formed = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
+              if "sharded world of " in line]
+    assert [w.split()[0] for w in formed] == worlds, output
+    assert all(w.endswith("(launch 0)") for w in formed), output
+    return output
+
+
 @pytest.mark.parametrize("sharding", ["gradients", "parameters"])
 def test_sharded_job_grows_in_place_from_host_discovery(sharding, sharded_references, job_env,
                                                         tmp_path):
@@ -596,21 +608,10 @@ def test_sharded_job_grows_in_place_from_host_discovery(sharding, sharded_refere
     world, no collectives), joins at a commit, and the 4 ranks cut the
     commit just made for 4 (stage 3: the weights too). No relaunch; the
     run ends like an uninterrupted 4-rank run."""
-    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
     reference = sharded_references(sharding)
-    script, hosts = _discovery(tmp_path, "localhost:3\n")
     prefix = str(tmp_path / "out")
-    code, output = _horarun(
-        ["-np", "3", "--min-np", "2", "--max-np", "4", "--elastic-in-place",
-         "--host-discovery-script", script, sys.executable, SHARDED], job_env, tmp_path,
-        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_GROW": "1",
-         "HORA_TEST_STEP_SLEEP": "0.3", "HORA_TEST_AWAIT_SIZE": "4",
-         "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    assert code == 0, output
-    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
-              if "sharded world of " in line]
-    assert [w.split()[0] for w in worlds] == ["3", "4"], output
-    assert all(w.endswith("(launch 0)") for w in worlds), output
+    output = _sharded_discovered(sharding, 3, ["3", "4"], job_env, tmp_path, prefix,
+                                 {"HORA_TEST_GROW": "1", "HORA_TEST_AWAIT_SIZE": "4"})
     assert "horarun: new process 3 started" in output, output
     assert "new process(es) joined; 4 ranks" in output, output
     _assert_like_sharded_reference(prefix, reference, 4)
@@ -625,20 +626,10 @@ def test_sharded_ranks_leave_in_place_when_their_slots_go(sharding, sharded_refe
     cut that commit for 2 (stage 3: the weights too) and go on in their
     processes. No relaunch, nothing lost: the run ends like the
     uninterrupted 4-rank run."""
-    job_env = dict(job_env, HORA_TEST_SHARDING=sharding)
     reference = sharded_references(sharding)
-    script, hosts = _discovery(tmp_path, "localhost:4\n")
     prefix = str(tmp_path / "out")
-    code, output = _horarun(
-        ["-np", "4", "--min-np", "2", "--max-np", "4", "--elastic-in-place",
-         "--host-discovery-script", script, sys.executable, SHARDED], job_env, tmp_path,
-        {"HORA_TEST_OUT": prefix, "HORA_TEST_HOSTS": str(hosts), "HORA_TEST_LEAVE": "2",
-         "HORA_TEST_STEP_SLEEP": "0.3", "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
-    assert code == 0, output
-    worlds = [line.split("sharded world of ", 1)[1] for line in output.splitlines()
-              if "sharded world of " in line]
-    assert [w.split()[0] for w in worlds] == ["4", "2"], output
-    assert all(w.endswith("(launch 0)") for w in worlds), output
+    output = _sharded_discovered(sharding, 4, ["4", "2"], job_env, tmp_path, prefix,
+                                 {"HORA_TEST_LEAVE": "2"})
     assert "hora.elastic: rank(s) 2, 3 left the job" in output, output
     assert "started on host" not in output, output
     assert not os.path.exists(f"{prefix}.rank2.pt"), output

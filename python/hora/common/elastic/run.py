@@ -230,31 +230,37 @@ def _settle(state: Any, store: CommitStore, label: int) -> None:
     _recommit(state, store, label)
 
 
+def _resume_changed_world(state: Any, store: CommitStore) -> None:
+    """Collective, in a world formed in place at a commit (grown, or left
+    by ranks whose slots went), nobody lost: its state. With state held in
+    shards, the last commit (the one just made) cut again for this world;
+    new processes take part, run no reset callbacks and get rank 0's state
+    as the callbacks left it. Otherwise as in Horovod: the reset
+    callbacks, then rank 0's state everywhere (what the callbacks changed
+    included; new processes run none: they start in this world)."""
+    from hora.common.basics import local_rank
+    store.writer = local_rank() == 0
+    if state._buddies is not None:
+        _, label = _restore_shards(state, store, joining=False)
+        state.on_reset()
+        _settle(state, store, label)
+    else:
+        state.on_reset()
+        state.save()
+        state.sync()
+
+
 def _grow_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     """At a commit, with the replacements ready (or failed to start): the
     world of the ranks and the replacements, which take rank 0's state."""
-    from hora.common.basics import local_rank, rank, size
+    from hora.common.basics import rank, size
     state._growth_found = None
     new, before = growth.in_flight_new, size()
     seconds = growth.grow()  # a failed start fails here too, alike everywhere
     if seconds is None:
         growth.replace_lost()  # tried again, a few times
         return
-    store.writer = local_rank() == 0
-    if state._buddies is not None:
-        # the last commit (at a commit() the one just made), its shards cut
-        # again for the grown world; the joiners take part, run no reset
-        # callbacks and get rank 0's state as the callbacks left it
-        _, label = _restore_shards(state, store, joining=False)
-        state.on_reset()
-        _settle(state, store, label)
-    else:
-        # as in Horovod: the reset callbacks, then rank 0's state
-        # everywhere (what the callbacks changed included; the
-        # replacements run none: they start in this world)
-        state.on_reset()
-        state.save()
-        state.sync()
+    _resume_changed_world(state, store)
     growth.share(state)
     if rank() == 0:
         which = ("replacement" if new == 0 else "new" if new == size() - before
@@ -284,7 +290,7 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
     lost: nothing to detect, nothing to redo) and go on, as Horovod's
     workers do when the driver removes a host."""
     from hora import _C
-    from hora.common.basics import local_rank, rank, size
+    from hora.common.basics import rank, size
     from hora.common.ops import allgather_object
     from hora.runner.rank_exec import host_name
     from hora.common.exceptions import HoraError
@@ -322,20 +328,8 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
                   f"or has fewer slots); the others go on in place", file=sys.stderr, flush=True)
             raise SystemExit(0)
         world_formed()
-        store.writer = local_rank() == 0
         state.drop_step_in_flight()  # (none at a commit; a check made elsewhere may have one)
-        if state._buddies is not None:
-            # the commit just made, its shards cut again for this world
-            _, label = _restore_shards(state, store, joining=False)
-            state.on_reset()
-            _settle(state, store, label)
-        else:
-            # as after a growth: the reset callbacks, then rank 0's state
-            # everywhere (the same commit on every rank, and what the
-            # callbacks changed)
-            state.on_reset()
-            state.save()
-            state.sync()
+        _resume_changed_world(state, store)
         if rank() == 0:
             print(f"hora.elastic: rank(s) {', '.join(map(str, leaving))} left the job (their "
                   f"hosts were removed or have fewer slots); {size()} rank(s) go on in place "
