@@ -158,10 +158,11 @@ step idle-busy-set 60 horarun -np 4 "$python" -m hora.bench idle --busy-set 0,1 
   --json "$out/idle_busy_set.json"
 # elastic training on the GPU: a SIGKILLed rank, relaunched against in place
 # (replicated and sharded state; over MPI, and over hora's TCP transport,
-# whose re-formed world makes its NCCL communicator anew), 2 ranks (on one
-# GPU they share it)
-step bench-elastic-gpu 300 "$python" -m hora.bench elastic --cuda \
-  --modes relaunch,in-place,in-place-tcp,sharded \
+# whose re-formed world makes its NCCL communicator anew), and a rank that
+# leaves in place when discovery lists a slot fewer, 2 ranks (on one GPU
+# they share it)
+step bench-elastic-gpu 360 "$python" -m hora.bench elastic --cuda \
+  --modes relaunch,in-place,in-place-tcp,sharded,leave \
   --ranks 2 --repeats 2 --sizes-mb 1 --json "$out/elastic_gpu.json"
 step gpu-tests-ranks 150 "$python" -m pytest tests/gpu/test_gpu_ranks.py -q -rs \
   --junitxml="$out/junit_ranks.xml"
