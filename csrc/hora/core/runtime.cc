@@ -32,6 +32,8 @@ std::shared_ptr<Communicator::Spawning> g_spawning;  // a growth under way
 // The world re-formed without ranks that were lost: MPI_COMM_WORLD still
 // names them.
 std::atomic<bool> g_lost_ranks{false};
+// This process left the job (Exclude): the others go on without it.
+std::atomic<bool> g_left{false};
 constexpr int kLostRanksFinalizeGraceSeconds = 10;
 
 // Open MPI's MPI_Finalize ends with a PMIx fence over the job's first world,
@@ -235,6 +237,7 @@ Status Exclude(const std::vector<int>& leaving, bool* left, double* seconds) {
   g_lost_ranks = true;
   if (!rest) {
     *left = true;
+    g_left = true;
     *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return Status::OK();
   }
@@ -338,6 +341,12 @@ void FinalizeProcess(int exit_code) {
   // the job.
   if (Engine::JobBroken()) {
     HORA_LOG(kDebug) << "not finalizing MPI: the job stopped on an error";
+    return;
+  }
+  if (g_left) {
+    // MPI_Finalize would wait for the ranks that go on training (Open MPI
+    // fences every process of the job); they no longer count on this one.
+    HORA_LOG(kDebug) << "not finalizing MPI: this process left the job";
     return;
   }
   if (g_lost_ranks) {
