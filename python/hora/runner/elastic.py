@@ -342,8 +342,7 @@ class _Watcher:
                     world, size = kept, hostlib.total_slots(kept)
                     names = {h.name for h in world}
                     self.world = list(world)
-                    leave = {name: kept_here for name, (kept_here, _, held) in change.items()
-                             if held > kept_here}
+                    leave = any(held > kept_here for kept_here, _, held in change.values())
                     removed = sorted(name for name, (kept_here, _, _) in change.items()
                                      if kept_here == 0)
                     whole = len(removed) == len(change)
@@ -490,14 +489,10 @@ def _host_of(world: list[hostlib.Host], rank: int, reported: str | None = None,
         rank -= host.slots
     hosts = grown or world
     if reported:
-        for host in hosts:
-            if hostlib.same_host(host.name, reported):
-                return host.name
-        if hostlib.same_host(reported, socket.gethostname()):
-            local = [h.name for h in hosts if h.name in LOCAL_NAMES]
-            if local:
-                return local[0]
-        return reported
+        # a name that matches first, then this machine's local one
+        named = ([h.name for h in hosts if hostlib.same_host(h.name, reported)]
+                 or [h.name for h in hosts if _names(h.name, reported)])
+        return named[0] if named else reported
     return world[-1].name if world else "?"
 
 

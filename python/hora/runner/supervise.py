@@ -60,9 +60,9 @@ class Outcome:
 
 class LiveRanks:
     """The ranks of the job under way that have started and not ended, by
-    host: the elastic watcher reads it (a host removed from discovery whose
-    ranks are all gone already needs no new world when the others went on
-    in place). One job runs at a time in a horarun process."""
+    host: the elastic watcher reads it (in place, ranks on a host with fewer
+    slots leave; a host whose ranks are all gone already only lowers the
+    size). One job runs at a time in a horarun process."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -79,10 +79,6 @@ class LiveRanks:
     def ended(self, rank):
         with self._lock:
             self._hosts.pop(rank, None)
-
-    def hosts(self):
-        with self._lock:
-            return set(self._hosts.values())
 
     def by_host(self):
         """How many live ranks each host (as they report it) holds."""

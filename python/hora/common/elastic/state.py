@@ -169,12 +169,12 @@ class State:
         the order heard (a growth heard last was measured without the hosts
         removed before it); without ``start`` a growth starts no process
         yet."""
-        lowering = self._growth_lower if lower is not None else None
-        if lowering is not None and lower is not None and not lower["last"]:
+        lowering = self._growth_lower
+        if lower is not None and lowering is not None and not lower["last"]:
             lowering(lower)
         if grow is not None and self._growth_expand is not None:
             self._growth_expand(grow, start)
-        if lowering is not None and lower is not None and lower["last"]:
+        if lower is not None and lowering is not None and lower["last"]:
             lowering(lower)
 
     def save(self) -> None:
