@@ -99,7 +99,9 @@ Status Executor::Run(const std::vector<Response>& responses, Timeline::Clock::ti
     }
     Phases phases;
     phases.start = Timeline::Clock::now();
+    watch_.Begin(CollectiveKindName(r.kind), &r.name, 0, entry.input.NumBytes());
     Status status = CatchOutOfMemory(comm_->rank(), [&] { return RunOne(r, entry); });
+    watch_.End();
     if (timeline_->active()) {
       phases.copied_in = phases.start;
       phases.reduced = phases.copied_out = Timeline::Clock::now();
@@ -140,6 +142,7 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
   for (size_t k = 0; k < batch_size; ++k) total += batch[k].NumElements();
   const int64_t bytes = total * DataTypeSize(plan.wire);
   Status status;
+  watch_.Begin("allreduce", &head.name, batch_size - 1, bytes);
   if (head.on_gpu) {
     const TensorEntry* any = nullptr;
     for (size_t k = 0; k < batch_size && any == nullptr; ++k)
@@ -160,6 +163,7 @@ Status Executor::RunAllreduce(const Response* batch, size_t batch_size,
     phases.reduced = Timeline::Clock::now();
   }
   phases.copied_out = Timeline::Clock::now();
+  watch_.End();
   allreduced_bytes_ += bytes;
   if (timeline_->active()) {
     std::string path = head.on_gpu                    ? "nccl"

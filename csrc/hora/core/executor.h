@@ -9,6 +9,7 @@
 #include "hora/algo/adasum.h"
 #include "hora/algo/allreduce_router.h"
 #include "hora/comm/communicator.h"
+#include "hora/common/collective_watch.h"
 #include "hora/common/owned_buffer.h"
 #include "hora/core/collective_plan.h"
 #include "hora/core/config.h"
@@ -94,6 +95,7 @@ class Executor : private CollectivePath {
   std::vector<Piece> pieces_;
   Timeline* timeline_;
   int64_t allreduced_bytes_ = 0;
+  CollectiveWatch watch_;  // the collective running now, for the heartbeat to name
   // Set by a collective that went through but failed this rank's own call
   // (an allgather output of the wrong size): the Work fails, the engine
   // goes on.

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "hora/comm/wakeup/star.h"
+#include "hora/common/collective_watch.h"
 #include "hora/common/logging.h"
 
 namespace hora {
@@ -176,10 +177,17 @@ void Heartbeat::Loop() {
       }
     }
     if (stopped_) continue;
+    // Ms::max() (warnings off) would overflow in nanoseconds.
+    const bool warn = options_.warn != std::chrono::milliseconds::max();
+    if (warn) {
+      for (const std::string& overdue : CollectiveWatch::Overdue(now, options_.warn)) {
+        HORA_LOG(kWarning) << overdue;
+      }
+    }
     for (int peer : peers) {
       if (fd_of(peer) < 0) continue;
       const auto silence = now - heard_[peer];
-      if (!warned_[peer] && silence >= options_.warn) {
+      if (warn && !warned_[peer] && silence >= options_.warn) {
         warned_[peer] = true;
         std::ostringstream text;
         text << Name(peer) << " has not been heard from for " << Seconds(silence)
