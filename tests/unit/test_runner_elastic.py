@@ -114,7 +114,8 @@ def test_the_loop_relaunches_after_a_failure_and_counts_resets():
     assert all(hosts is None for _, hosts, _ in launches)  # this machine only
     assert "elastic reset 1: rank 1 on host localhost failed first" in said[0]
     assert "horarun: world 2: 2 rank(s) on localhost:2" in said[1]
-    assert "elastic reset 2: rank 1 on host localhost left for a new world" in said[2]
+    assert "elastic reset 2: rank 1 on host localhost left for a new world (a peer was lost)" \
+        in said[2]
 
 
 def test_the_loop_stops_at_the_reset_limit_and_on_ctrl_c():
@@ -520,3 +521,21 @@ def test_a_failed_process_is_blamed_on_the_host_it_ran_on_as_discovery_names_it(
     local = [Host("localhost", 2)]
     assert elastic._host_of(local, 3, socket.gethostname(), local) == "localhost"
     assert elastic._host_of(world, 5, "elsewhere", grown) == "elsewhere"
+
+
+def test_a_rank_that_left_ends_even_when_a_thread_of_the_program_holds_it():
+    import subprocess
+    import sys
+    import time
+    program = ("import threading, time\n"
+               "from hora.common.elastic.run import _end_within\n"
+               "threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon\n"
+               "_end_within(0.5, 3)\n"
+               "raise SystemExit(0)\n")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - began < 30
+    assert "rank 3 left the job 0.5 s ago and its process has not ended" in done.stderr
+

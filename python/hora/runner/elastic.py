@@ -287,6 +287,7 @@ class _Watcher:
     def __init__(self, discovery, blacklist, options, world, notifier, log):
         self._stop = threading.Event()
         self.changed = None
+        self.departure = None  # the last change that asked ranks to leave in place
         # the hosts of the job, those it grew onto in place included
         self.world = list(world)
         self._args = (discovery, blacklist, options, world, notifier, log)
@@ -351,6 +352,7 @@ class _Watcher:
                     nobody = ("no rank of the job is left there" if whole else
                               "no rank of the job runs beyond the slots left")
                     if leave:
+                        self.departure = what
                         notifier.notify(shrink=(size, [(name, kept_here, reported) for name, (
                             kept_here, reported, _) in sorted(change.items())]))
                         log(f"horarun: {what}; the ranks beyond the slots left there leave at the "
@@ -431,8 +433,11 @@ def run(options: ElasticOptions, discovery: Discovery,
         start_retry = 0.0
         backoff = min(START_RETRY_MAX_S, max(START_RETRY_FIRST_S, previous_retry * 2))
         if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
+            why = "a peer was lost" if watcher.departure is None else (
+                f"a peer was lost, or the ranks could not leave in place after "
+                f"{watcher.departure}")
             cause = watcher.changed or (f"rank {failure.rank} on host {failure.host} left for a "
-                                        f"new world (a peer was lost)")
+                                        f"new world ({why})")
             same_failure, same_count = None, 0
         else:
             cause = outcome.message.removeprefix("horarun: ") or f"exit code {outcome.code}"

@@ -271,7 +271,20 @@ Status MpiCommunicator::Exclude(const std::vector<int>& leaving,
   out->reset();
   const bool leaves = std::find(leaving.begin(), leaving.end(), rank()) != leaving.end();
   MPI_Comm rest = MPI_COMM_NULL;
-  HORA_MPI_CALL(MPI_Comm_split(comm_, leaves ? MPI_UNDEFINED : 0, rank(), &rest));
+  Status split =
+      MpiStatus(MPI_Comm_split(comm_, leaves ? MPI_UNDEFINED : 0, rank(), &rest), "MPI_Comm_split");
+#if HORA_HAVE_ULFM
+  // A rank lost during the split fails it on some ranks only: agree (the
+  // agreement outlives lost ranks), so that either everybody goes on or
+  // everybody falls back to a relaunch.
+  int ok = split.ok() ? 1 : 0;
+  MPIX_Comm_agree(comm_, &ok);
+  if (!ok) {
+    if (rest != MPI_COMM_NULL) MPI_Comm_free(&rest);
+    return split.ok() ? Status::Internal("MPI_Comm_split failed on another rank") : split;
+  }
+#endif
+  HORA_RETURN_IF_ERROR(split);
   if (leaves) return Status::OK();
   std::unique_ptr<MpiCommunicator> result;
   HORA_RETURN_IF_ERROR(Adopt(rest, hostname_override_, /*world=*/true, &result));

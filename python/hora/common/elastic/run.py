@@ -41,6 +41,8 @@ from hora.common.exceptions import HoraInternalError, HostsUpdatedInterrupt
 # A rank that leaves so that horarun forms a new world exits with this;
 # the runner imports it.
 RESET_EXIT_CODE = 79
+# How long a rank that left the job in place may take to end its process.
+LEAVER_EXIT_GRACE_S = 30.0
 
 _listener: HostUpdateListener | None = None
 
@@ -110,6 +112,23 @@ def _gather_parts(store: CommitStore, commit: int, needed: int) -> list[Any]:
         part = store.load_part(k) if rank() == holders[0] else None
         parts.append(broadcast_object(part, root_rank=holders[0], name=f"hora.elastic.part.{k}"))
     return parts
+
+
+def _end_within(seconds: float, me: int) -> None:
+    """A process that left the job ends even if something keeps it from
+    exiting (a thread of the program that is not a daemon, an exit handler
+    that waits): the launcher would wait for it until the job's end."""
+    import threading
+
+    def end() -> None:
+        print(f"hora.elastic: rank {me} left the job {seconds:g} s ago and its process has not "
+              f"ended (a thread or an exit handler of the program holds it); ending it now",
+              file=sys.stderr, flush=True)
+        os._exit(0)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 def _leave(state: Any, store: CommitStore, why: str) -> NoReturn:
@@ -326,6 +345,7 @@ def _depart_in_place(state: Any, store: CommitStore, growth: Growth) -> None:
             store.flush()
             print(f"hora.elastic: rank {me} leaves the job (its host {hosts[me]} was removed "
                   f"or has fewer slots); the others go on in place", file=sys.stderr, flush=True)
+            _end_within(LEAVER_EXIT_GRACE_S, me)
             raise SystemExit(0)
         world_formed()
         state.drop_step_in_flight()  # (none at a commit; a check made elsewhere may have one)
