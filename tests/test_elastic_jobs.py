@@ -149,19 +149,20 @@ def test_survivors_go_on_in_place_from_the_step_in_flight(lost, transport, job_e
 def test_survivors_end_when_finalize_waits_for_the_lost_rank(job_env, tmp_path):
     """After a loss in place, MPI_Finalize waits in a PMIx fence that names
     the lost rank too, and Open MPI sometimes never lets it return. Here
-    rank 0 stays busy for 15 s after training, so rank 1 waits in that
-    fence: after the grace period (10 s) it ends without it, saying so,
-    with the status its program ended with, and the job succeeds."""
+    rank 0 stays busy for 8 s after training, so rank 1 waits in that
+    fence: after the grace period (HORA_FINALIZE_GRACE_SECONDS, 3 s here)
+    it ends without it, saying so, with the status its program ended with,
+    and the job succeeds."""
     prefix = str(tmp_path / "out")
     code, output = _horarun(
         ["-np", "3", "--min-np", "2", "--elastic-in-place", "--no-replace", sys.executable,
          SCRIPT], job_env,
         tmp_path, {"HORA_TEST_OUT": prefix, "HORA_TEST_FAULT": "0:2:1:6:kill",
-                   "HORA_TEST_LINGER": "0:15",
+                   "HORA_TEST_LINGER": "0:8", "HORA_FINALIZE_GRACE_SECONDS": "3",
                    "HORA_ELASTIC_STATE_DIR": str(tmp_path / "state")})
     assert code == 0, output
     assert ("[1] [hora rank 1] WARNING runtime.cc" in output and "MPI_Finalize has not returned "
-            "after 10 s (Open MPI waits for the ranks lost earlier in this job); this process "
+            "after 3 s (Open MPI waits for the ranks lost earlier in this job); this process "
             "ends without it, with exit status 0" in output), output
     assert "rank 0 done" in output and "rank 1 done" in output, output
     results = _params(prefix, 2)

@@ -128,6 +128,17 @@ TEST(Config, StallCheckIsOffWhenDisabledOrGivenNoTime) {
   EXPECT_FALSE(Loaded({{"HORA_STALL_CHECK_TIME_SECONDS", "0"}}).stall_check);
 }
 
+TEST(Config, TheFinalizeGraceIsReadAndNeverNegative) {
+  EXPECT_EQ(Loaded({}).finalize_grace_seconds, 10.0);
+  EXPECT_EQ(Loaded({{"HORA_FINALIZE_GRACE_SECONDS", "2.5"}}).finalize_grace_seconds, 2.5);
+  Config config;
+  const Status status = LoadFrom({{"HORA_FINALIZE_GRACE_SECONDS", "-1"}}, &config);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("HORA_FINALIZE_GRACE_SECONDS='-1' is not a non-negative number"),
+            std::string::npos)
+      << status.message();
+}
+
 TEST(Config, AcceptsTheHorovodAliases) {
   const Config config = Loaded({
       {"HOROVOD_FUSION_THRESHOLD", "2048"},

@@ -151,6 +151,8 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
       Find(lookup, "HORA_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"),
       &result.stall_shutdown_seconds));
   if (result.stall_warning_seconds <= 0) result.stall_check = false;
+  HORA_RETURN_IF_ERROR(ReadDouble(Find(lookup, "HORA_FINALIZE_GRACE_SECONDS", nullptr),
+                                  &result.finalize_grace_seconds));
   const Source timeline = Find(lookup, "HORA_TIMELINE", "HOROVOD_TIMELINE");
   if (timeline.value != nullptr) result.timeline_path = timeline.value;
   HORA_RETURN_IF_ERROR(

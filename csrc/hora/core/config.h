@@ -75,6 +75,10 @@ struct Config {
   bool stall_check = true;
   double stall_warning_seconds = 60.0;
   double stall_shutdown_seconds = 0.0;
+  // After ranks were lost in place, MPI_Finalize may wait for them for
+  // ever (Open MPI fences the job's first world): this long, then the
+  // process ends without it.
+  double finalize_grace_seconds = 10.0;
   // Rank 0 writes a Chrome-trace timeline here from init on ("": none).
   std::string timeline_path;
   bool timeline_mark_cycles = false;

@@ -34,7 +34,8 @@ std::shared_ptr<Communicator::Spawning> g_spawning;  // a growth under way
 std::atomic<bool> g_lost_ranks{false};
 // This process left the job (Exclude): the others go on without it.
 std::atomic<bool> g_left{false};
-constexpr int kLostRanksFinalizeGraceSeconds = 10;
+// HORA_FINALIZE_GRACE_SECONDS, as the last init read it.
+std::atomic<double> g_finalize_grace_seconds{10.0};
 
 // Open MPI's MPI_Finalize ends with a PMIx fence over the job's first world,
 // the lost ranks included. Open MPI 5.0 mostly lets the survivors through,
@@ -48,11 +49,11 @@ void FinalizeAfterLostRanks(int exit_code) {
   bool done = false;
   std::thread watchdog([&] {
     std::unique_lock<std::mutex> lock(mutex);
-    if (done_cv.wait_for(lock, std::chrono::seconds(kLostRanksFinalizeGraceSeconds),
-                         [&] { return done; })) {
+    const double grace = g_finalize_grace_seconds.load();
+    if (done_cv.wait_for(lock, std::chrono::duration<double>(grace), [&] { return done; })) {
       return;
     }
-    HORA_LOG(kWarning) << "MPI_Finalize has not returned after " << kLostRanksFinalizeGraceSeconds
+    HORA_LOG(kWarning) << "MPI_Finalize has not returned after " << grace
                        << " s (Open MPI waits for the ranks lost earlier in this job); this "
                           "process ends without it, with exit status "
                        << exit_code;
@@ -108,6 +109,7 @@ Status Init(const InitOptions& options) {
   Config config;
   HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
   SetLogLevel(config.log_level);
+  g_finalize_grace_seconds = config.finalize_grace_seconds;
   if (options.dynamic_process_sets) config.dynamic_process_sets = true;
   MpiWorldOptions world;
   world.has_comm = options.has_comm;
