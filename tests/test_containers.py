@@ -60,9 +60,18 @@ class Engine:
         self.cleanup = []
 
     def __call__(self, *args, timeout=JOB_TIMEOUT_SECONDS, check=True):
-        done = subprocess.run([*self.command, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                              timeout=timeout)
+        try:
+            done = subprocess.run([*self.command, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, errors="replace",
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            output = error.stdout or b""
+            if isinstance(output, bytes):
+                output = output.decode(errors="replace")
+            # What the job printed, hora's warnings included: a collective
+            # stuck in the transport is named after the stall check time.
+            pytest.fail(f"{' '.join(args[:8])}... still ran after {timeout} s:\n"
+                        f"{output[-8000:]}")
         if check:
             assert done.returncode == 0, f"{' '.join(args[:3])}... failed:\n{done.stdout[-5000:]}"
         return done

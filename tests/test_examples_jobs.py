@@ -31,7 +31,7 @@ def run_sharded_example(tmp_path, *args):
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep
                + os.environ.get("PATH", ""))
     job = subprocess.run([sys.executable, "-m", "hora.runner", "-np", "4", sys.executable, script,
-                          "--steps", "20", *args], cwd=tmp_path, env=env,
+                          "--steps", "14", *args], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     return job.returncode, job.stdout.decode(errors="replace")
 

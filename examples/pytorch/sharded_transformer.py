@@ -156,7 +156,7 @@ def main():
         loss.backward()
         optimizer.clip_grad_norm_(1.0)
         optimizer.step()
-        if step % 10 == 0 or step == 1:
+        if step % 10 == 0 or step in (1, args.steps):
             average = hvd.allreduce(loss.detach(), name="loss")
             if hvd.rank() == 0:
                 print(f"step {step:4d} loss {float(average):.3f}", flush=True)
