@@ -273,6 +273,9 @@ def test_fewer_slots_where_ranks_run_ask_the_ranks_beyond_them_to_leave(monkeypa
     # this machine's ranks report its own name
     assert elastic._shrink([Host("localhost", 3)], [Host("localhost", 2)], {"vm": 3}) == {
         "localhost": (2, "vm", 3)}
+    # ranks of one listed host that report two names: both are sent
+    two = elastic._shrink([Host("box", 4)], [Host("box", 1)], {"box": 2, "box.lab": 2})
+    assert two == {"box": (1, "box|box.lab", 4)}
     # a host whose ranks were lost already holds none
     assert elastic._shrink(world, usable, {"node1": 2}) == {"node2": (1, "node2", 0),
                                                             "node3": (0, "node3", 0)}
@@ -286,6 +289,8 @@ def test_the_ranks_beyond_a_hosts_slots_leave_the_lowest_staying():
     # named with a domain, or not at all (its ranks were lost already)
     assert leavers(hosts, {"shrink": 4, "hosts": [("a", 0, "a.lab")]}) == [0, 2]
     assert leavers(hosts, {"shrink": 5, "hosts": [("d", 0, "d")]}) == []
+    # every name the host's ranks report counts
+    assert leavers(["x", "y", "x", "y"], {"shrink": 1, "hosts": [("h", 1, "x|y")]}) == [1, 2, 3]
 
 
 def _state_departing(messages, grow=None, lower=None):

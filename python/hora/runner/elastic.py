@@ -251,9 +251,9 @@ def _growth(world: list[hostlib.Host],
 def _shrink(world: list[hostlib.Host], usable: list[hostlib.Host],
             live: dict[str, int]) -> dict[str, tuple[int, str, int]]:
     """The hosts of ``world`` that ``usable`` gives fewer slots (none for a
-    host no longer listed), each with (the slots left, the name its ranks
-    report, how many live ranks it holds: ``live`` counts them by the name
-    they report)."""
+    host no longer listed), each with (the slots left, the names its ranks
+    report, joined by "|", how many live ranks it holds: ``live`` counts
+    them by the name they report)."""
     slots = {h.name: h.slots for h in usable}
     change = {}
     for host in world:
@@ -261,7 +261,9 @@ def _shrink(world: list[hostlib.Host], usable: list[hostlib.Host],
         if left >= host.slots:
             continue
         reported = [name for name in live if _names(host.name, name)]
-        change[host.name] = (left, reported[0] if reported else host.name,
+        # (every name its ranks report: containers that share a listed
+        # host may each report their own)
+        change[host.name] = (left, "|".join(sorted(reported)) if reported else host.name,
                              sum(live[name] for name in reported))
     return change
 

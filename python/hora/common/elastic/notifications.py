@@ -15,7 +15,8 @@ start no processes for the lost ranks beyond that (``-``: no host left,
 some have fewer slots). ``hosts-updated <timestamp> shrink <size>
 <host>:<slots>:<reported>,...`` says that hosts of the job have fewer
 slots (0: removed) while ranks still run there: at the next commit the
-ranks on each such host (those whose host name is ``<reported>``) beyond
+ranks on each such host (those whose host name is ``<reported>``, or one
+of its ``|``-separated names) beyond
 its slots leave the job, lowest ranks staying, and the others go on in
 place, ``<size>`` ranks at most. A rank 0
 of a world formed later connects again and hears every message sent so

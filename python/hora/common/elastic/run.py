@@ -297,7 +297,8 @@ def leavers(hosts: list[str], shrink: dict[str, Any]) -> list[int]:
     from hora.runner.hosts import same_host
     leaving: list[int] = []
     for _, slots, reported in shrink["hosts"]:
-        here = [r for r, host in enumerate(hosts) if same_host(reported, host)]
+        names = reported.split("|")
+        here = [r for r, host in enumerate(hosts) if any(same_host(n, host) for n in names)]
         leaving += here[slots:]
     return sorted(set(leaving))
 
