@@ -449,6 +449,10 @@ class TcpSpawning : public Communicator::Spawning {
     if (!final_ && !cancelled_) rendezvous_->CancelSpawn();
   }
   int count() const override { return count_; }
+  // The merge round took in whoever was ready: nothing is left to cancel. (A
+  // rank that never asked how the spawn fared would otherwise send CANCEL
+  // when it drops this, and the launcher would end the next spawn with it.)
+  void Settle() { final_ = true; }
   bool Finished() const override {
     if (final_) return true;
     std::string state;
@@ -506,6 +510,7 @@ Status TcpCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>*
   // again: it is dropped, and every rank goes on with this one.
   std::shared_ptr<TcpFabric> fabric;
   HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("merge", topology_.hostname, &fabric));
+  static_cast<TcpSpawning*>(spawning)->Settle();
   if (fabric->size() == size()) {
     // (rank 0, which asked the launcher how they fare, knows why)
     const Status why = spawning->result();
