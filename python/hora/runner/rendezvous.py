@@ -72,6 +72,8 @@ class Rendezvous:
         self._next_id = max(ids, default=-1) + 1
         self._spawns = 0
         self._spawn_failure: dict[int, str] = {}
+        # the generation of the world whose rank 0 asked for each spawn
+        self._spawn_generation: dict[int, int] = {}
         self._lock = threading.Lock()
         self._round_started: float | None = None
         self._closed = False
@@ -164,8 +166,13 @@ class Rendezvous:
                                      f"has fewer slots)")
                         self._maybe_form()
                         break
-                    elif words[0] == "CANCEL":
-                        self._end_spawn(self._spawns, "the world did not take it in")
+                    elif words[0] == "CANCEL" and len(words) == 2:
+                        # Only the spawns of the world named: a CANCEL that
+                        # arrives after the next world asked for processes
+                        # leaves those alone.
+                        for spawn, generation in self._spawn_generation.items():
+                            if generation == int(words[1]):
+                                self._end_spawn(spawn, "the world did not take it in")
                     elif words[0] == "PLACE" and len(words) == 2:
                         process.place_host = words[1]
                         self._maybe_place(process.spawn)
@@ -198,6 +205,7 @@ class Rendezvous:
     def _spawn(self, count: int, hosts: list[str], argv: list[str]) -> None:
         with self._lock:
             self._spawns += 1
+            self._spawn_generation[self._spawns] = self.generation
             ids = list(range(self._next_id, self._next_id + count))
             self._next_id += count
             for i in ids:

@@ -442,16 +442,16 @@ namespace {
 // Their state is the launcher's; each rank asks it.
 class TcpSpawning : public Communicator::Spawning {
  public:
-  TcpSpawning(TcpRendezvous* rendezvous, int count) : rendezvous_(rendezvous), count_(count) {}
+  TcpSpawning(TcpRendezvous* rendezvous, int count)
+      : rendezvous_(rendezvous), count_(count), generation_(rendezvous->generation()) {}
   // Given up while its processes still start (a world re-formed, ranks
-  // left): the launcher ends them.
+  // left, or a merge took in only some of them): the launcher ends those
+  // that no world took in.
   ~TcpSpawning() override {
-    if (!final_ && !cancelled_) rendezvous_->CancelSpawn();
+    if (!final_ && !cancelled_) rendezvous_->CancelSpawn(generation_);
   }
   int count() const override { return count_; }
-  // The merge round took in whoever was ready: nothing is left to cancel. (A
-  // rank that never asked how the spawn fared would otherwise send CANCEL
-  // when it drops this, and the launcher would end the next spawn with it.)
+  // A merge round took in every process: nothing is left to cancel.
   void Settle() { final_ = true; }
   bool Finished() const override {
     if (final_) return true;
@@ -475,12 +475,13 @@ class TcpSpawning : public Communicator::Spawning {
   void Cancel() override {
     if (cancelled_) return;
     cancelled_ = true;
-    rendezvous_->CancelSpawn();
+    rendezvous_->CancelSpawn(generation_);
   }
 
  private:
   TcpRendezvous* rendezvous_;
   int count_;
+  int64_t generation_;  // of the world that asked for the processes
   mutable bool final_ = false;
   mutable Status result_;
   bool cancelled_ = false;
@@ -510,7 +511,7 @@ Status TcpCommunicator::Merge(Spawning* spawning, std::unique_ptr<Communicator>*
   // again: it is dropped, and every rank goes on with this one.
   std::shared_ptr<TcpFabric> fabric;
   HORA_RETURN_IF_ERROR(rendezvous_->FormWorld("merge", topology_.hostname, &fabric));
-  static_cast<TcpSpawning*>(spawning)->Settle();
+  if (fabric->size() == size() + spawning->count()) static_cast<TcpSpawning*>(spawning)->Settle();
   if (fabric->size() == size()) {
     // (rank 0, which asked the launcher how they fare, knows why)
     const Status why = spawning->result();

@@ -121,9 +121,9 @@ Status TcpRendezvous::SpawnState(std::string* state) {
   return Status::OK();
 }
 
-Status TcpRendezvous::CancelSpawn() {
+Status TcpRendezvous::CancelSpawn(int64_t generation) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return Send("CANCEL\n");
+  return Send("CANCEL " + std::to_string(generation) + "\n");
 }
 
 Status TcpRendezvous::Leave() {
@@ -186,6 +186,8 @@ Status TcpRendezvous::FormWorld(const std::string& kind, const std::string& host
     words >> generation >> spec.rank >> size >> spec.cookie;
     if (!words || size <= 0 || spec.rank < 0 || spec.rank >= size) {
       status = Status::Internal("the launcher's rendezvous sent '" + line + "'");
+    } else {
+      generation_ = generation;
     }
   } else if (status.ok()) {
     status = Status::Internal("the launcher's rendezvous sent '" + line + "'");

@@ -28,7 +28,9 @@
 //   process -> launcher   SPAWN <count> <host:count,...|-> <argc>
 //                         then argc lines, each an argument in hex
 //   process -> launcher   SPAWNSTATE          (answered: SPAWNSTATE <state> [why])
-//   process -> launcher   CANCEL              (they are not needed after all)
+//   process -> launcher   CANCEL <generation> (those started for that world
+//                                              and not taken in are not
+//                                              needed after all)
 //
 // and each of those asks where it will be (answered once all of them have):
 //
@@ -39,6 +41,7 @@
 // removed) says so, and is not waited for in forming the next world:
 //
 //   process -> launcher   LEAVE
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -69,7 +72,12 @@ class TcpRendezvous {
   // gives them up.
   Status Spawn(int count, const std::vector<std::string>& argv, const std::string& hosts);
   Status SpawnState(std::string* state);
-  Status CancelSpawn();
+  // Gives up the processes started for the world of `generation` that no
+  // world took in. (Naming the world keeps a late CANCEL from ending the
+  // processes of a spawn asked for by the next world.)
+  Status CancelSpawn(int64_t generation);
+  // The generation of the last world this process was put in.
+  int64_t generation() const { return generation_.load(); }
   // This process leaves the job: the next world is formed without it.
   Status Leave();
   // A process started by Spawn: the hosts of the world it will be in, in
@@ -85,6 +93,7 @@ class TcpRendezvous {
   int fd_;
   std::string address_;
   std::string buffered_;
+  std::atomic<int64_t> generation_{0};
 };
 
 }  // namespace hora
