@@ -276,12 +276,18 @@ Status MpiCommunicator::Exclude(const std::vector<int>& leaving,
 #if HORA_HAVE_ULFM
   // A rank lost during the split fails it on some ranks only: agree (the
   // agreement outlives lost ranks), so that either everybody goes on or
-  // everybody falls back to a relaunch.
+  // everybody falls back to a relaunch. The agreement reports a rank lost
+  // before it contributed (MPI_ERR_PROC_FAILED) alike on every rank: the
+  // new world would hold it, so that is a failure too.
   int ok = split.ok() ? 1 : 0;
-  MPIX_Comm_agree(comm_, &ok);
+  const int agreed = MPIX_Comm_agree(comm_, &ok);
+  if (agreed != MPI_SUCCESS) ok = 0;
   if (!ok) {
     if (rest != MPI_COMM_NULL) MPI_Comm_free(&rest);
-    return split.ok() ? Status::Internal("MPI_Comm_split failed on another rank") : split;
+    if (!split.ok()) return split;
+    return agreed != MPI_SUCCESS
+               ? MpiStatus(agreed, "MPIX_Comm_agree (a rank was lost while the world split)")
+               : Status::Internal("MPI_Comm_split failed on another rank");
   }
 #endif
   HORA_RETURN_IF_ERROR(split);
