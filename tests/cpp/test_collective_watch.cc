@@ -56,6 +56,20 @@ TEST(CollectiveWatch, OnlyWhatRunsPastTheTimeAndHasNotEndedIsNamed) {
   first.End();
 }
 
+TEST(CollectiveWatch, AnAbandonedEnginesCollectiveIsNeverNamed) {
+  CollectiveWatch kept, live;
+  const std::string stuck = "stuck", other = "other";
+  kept.Begin("allreduce", &stuck, 0, 100);
+  kept.Abandon();  // its engine was given up after a rank was lost
+  live.Begin("allreduce", &other, 0, 100);
+  const std::vector<std::string> found =
+      CollectiveWatch::Overdue(Clock::now() + std::chrono::seconds(90), std::chrono::seconds(60));
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].rfind("allreduce 'other'", 0), 0u) << found[0];
+  live.End();
+  kept.End();
+}
+
 TEST(CollectiveWatch, TheHeartbeatThreadNamesAStuckCollective) {
   auto comms = testing::CreateWorld(2);
   const std::string name = "stuck.tensor";

@@ -139,6 +139,17 @@ TEST(Config, TheFinalizeGraceIsReadAndNeverNegative) {
       << status.message();
 }
 
+TEST(Config, TimesLongerThanAYearCountAsAYear) {
+  // (in nanoseconds, 1e12 s would overflow the clocks they are compared on)
+  const Config config = Loaded({{"HORA_STALL_CHECK_TIME_SECONDS", "1e12"},
+                                {"HORA_STALL_SHUTDOWN_TIME_SECONDS", "1e300"},
+                                {"HORA_FINALIZE_GRACE_SECONDS", "1e15"}});
+  EXPECT_EQ(config.stall_warning_seconds, 365.0 * 24 * 3600);
+  EXPECT_EQ(config.stall_shutdown_seconds, 365.0 * 24 * 3600);
+  EXPECT_EQ(config.finalize_grace_seconds, 365.0 * 24 * 3600);
+  EXPECT_TRUE(config.stall_check);
+}
+
 TEST(Config, AcceptsTheHorovodAliases) {
   const Config config = Loaded({
       {"HOROVOD_FUSION_THRESHOLD", "2048"},

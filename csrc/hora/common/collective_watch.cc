@@ -61,12 +61,17 @@ void CollectiveWatch::Begin(const char* kind, const std::string* name, size_t mo
 
 void CollectiveWatch::End() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (reported_) {
+  if (reported_ && !abandoned_) {
     HORA_LOG(kWarning) << DescribeLocked() << " ended after " << Seconds(Clock::now() - since_);
   }
   running_ = false;
   reported_ = false;
   name_ = nullptr;
+}
+
+void CollectiveWatch::Abandon() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandoned_ = true;
 }
 
 std::string CollectiveWatch::DescribeLocked() const {
@@ -80,7 +85,8 @@ std::vector<std::string> CollectiveWatch::Overdue(Clock::time_point now, Clock::
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (CollectiveWatch* watch : Registry()) {
     std::lock_guard<std::mutex> hold(watch->mutex_);
-    if (!watch->running_ || watch->reported_ || now - watch->since_ < after) continue;
+    if (!watch->running_ || watch->reported_ || watch->abandoned_ || now - watch->since_ < after)
+      continue;
     watch->reported_ = true;
     found.push_back(watch->DescribeLocked() + " has been running on this rank for " +
                     Seconds(now - watch->since_) +

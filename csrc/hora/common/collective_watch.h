@@ -32,6 +32,10 @@ class CollectiveWatch {
   void Begin(const char* kind, const std::string* name, size_t more, int64_t bytes);
   // A collective that was reported as overdue is reported again as ended.
   void End();
+  // The engine was given up with its thread still in a collective (a rank
+  // was lost and the world re-formed without it): that collective is no
+  // transport fault, so it is reported neither as overdue nor as ended.
+  void Abandon();
 
   // One warning for each collective that has run for `after` or longer and
   // was not reported yet.
@@ -43,6 +47,7 @@ class CollectiveWatch {
   std::mutex mutex_;
   bool running_ = false;
   bool reported_ = false;
+  bool abandoned_ = false;
   Clock::time_point since_{};
   const char* kind_ = "";
   const std::string* name_ = nullptr;

@@ -1,5 +1,6 @@
 #include "hora/core/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -153,6 +154,12 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   if (result.stall_warning_seconds <= 0) result.stall_check = false;
   HORA_RETURN_IF_ERROR(ReadDouble(Find(lookup, "HORA_FINALIZE_GRACE_SECONDS", nullptr),
                                   &result.finalize_grace_seconds));
+  // A year is as good as never, and keeps these times from overflowing the
+  // nanosecond clocks they are compared on.
+  constexpr double kYearSeconds = 365.0 * 24 * 3600;
+  result.stall_warning_seconds = std::min(result.stall_warning_seconds, kYearSeconds);
+  result.stall_shutdown_seconds = std::min(result.stall_shutdown_seconds, kYearSeconds);
+  result.finalize_grace_seconds = std::min(result.finalize_grace_seconds, kYearSeconds);
   const Source timeline = Find(lookup, "HORA_TIMELINE", "HOROVOD_TIMELINE");
   if (timeline.value != nullptr) result.timeline_path = timeline.value;
   HORA_RETURN_IF_ERROR(

@@ -271,7 +271,9 @@ void Engine::Abort(const Status& reason) {
 void Engine::Release(std::shared_ptr<Engine> engine) {
   engine->Shutdown();
   if (!engine->ThreadLeftRunning()) return;
-  // Its thread still uses it: keep it for the rest of the process.
+  // Its thread still uses it: keep it for the rest of the process, without
+  // the heartbeat calling its collective a transport fault.
+  engine->executor_.Abandon();
   static std::mutex mutex;
   static auto* kept = new std::vector<std::shared_ptr<Engine>>();
   std::lock_guard<std::mutex> lock(mutex);

@@ -35,6 +35,9 @@ class Executor : private CollectivePath {
         fusion_threshold_bytes_(config.fusion_threshold_bytes),
         timeline_(timeline) {}
 
+  // Its engine was given up while this may still run a collective.
+  void Abandon() { watch_.Abandon(); }
+
   // A transport failure is returned after failing the affected Works; the
   // engine then stops. `decided` is when the cycle's negotiation ended (the
   // timeline's QUEUE phase runs from there to each collective's start).
