@@ -289,7 +289,8 @@ class _Watcher:
     def __init__(self, discovery, blacklist, options, world, notifier, log):
         self._stop = threading.Event()
         self.changed = None
-        self.departure = None  # the last change that asked ranks to leave in place
+        # the last change that asked ranks to leave in place, and when
+        self.departure: tuple[str, float] | None = None
         # the hosts of the job, those it grew onto in place included
         self.world = list(world)
         self._args = (discovery, blacklist, options, world, notifier, log)
@@ -354,7 +355,7 @@ class _Watcher:
                     nobody = ("no rank of the job is left there" if whole else
                               "no rank of the job runs beyond the slots left")
                     if leave:
-                        self.departure = what
+                        self.departure = (what, time.monotonic())
                         notifier.notify(shrink=(size, [(name, kept_here, reported) for name, (
                             kept_here, reported, _) in sorted(change.items())]))
                         log(f"horarun: {what}; the ranks beyond the slots left there leave at the "
@@ -437,7 +438,8 @@ def run(options: ElasticOptions, discovery: Discovery,
         if failure is not None and failure.outcome == f"code={RESET_EXIT_CODE}":
             why = "a peer was lost" if watcher.departure is None else (
                 f"a peer was lost, or the ranks could not leave in place after "
-                f"{watcher.departure}")
+                f"{watcher.departure[0]}, {time.monotonic() - watcher.departure[1]:.0f} s "
+                f"before")
             cause = watcher.changed or (f"rank {failure.rank} on host {failure.host} left for a "
                                         f"new world ({why})")
             same_failure, same_count = None, 0
