@@ -80,6 +80,14 @@ def wait_for(condition):
     raise AssertionError("the rendezvous did not get there in 5 s")
 
 
+def assert_given_up(rendezvous, sender, generation, process_id, alive):
+    """``sender``'s CANCEL naming ``generation`` ends ``process_id`` alone."""
+    sender.send(f"CANCEL {generation}")
+    wait_for(lambda: process_id not in rendezvous.alive())
+    assert rendezvous.lost_calls == [(process_id, "the world did not take it in")]
+    assert sorted(rendezvous.alive()) == alive
+
+
 def test_a_late_cancel_ends_only_the_spawn_of_the_world_it_names(rendezvous):
     root = FakeProcess(rendezvous, 0)
     root.ask("init")
@@ -102,10 +110,7 @@ def test_a_late_cancel_ends_only_the_spawn_of_the_world_it_names(rendezvous):
     assert second in rendezvous.alive()
     assert rendezvous.lost_calls == []
     # one naming the world that asked for it gives it up
-    joiner.send("CANCEL 2")
-    wait_for(lambda: second not in rendezvous.alive())
-    assert rendezvous.lost_calls == [(second, "the world did not take it in")]
-    assert sorted(rendezvous.alive()) == [0, first]
+    assert_given_up(rendezvous, joiner, 2, second, [0, first])
     root.close()
     joiner.close()
 
@@ -124,9 +129,6 @@ def test_a_cancel_after_a_merge_ends_the_processes_it_did_not_take_in(rendezvous
     root.ask("merge")
     assert root.world() == (2, 0, 2)
     assert ready.world() == (2, 1, 2)
-    root.send("CANCEL 1")
-    wait_for(lambda: late not in rendezvous.alive())
-    assert rendezvous.lost_calls == [(late, "the world did not take it in")]
-    assert sorted(rendezvous.alive()) == [0, early]
+    assert_given_up(rendezvous, root, 1, late, [0, early])
     root.close()
     ready.close()
