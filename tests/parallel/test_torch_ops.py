@@ -56,6 +56,31 @@ def test_allreduce_every_op(dtype, rank, size):
         assert torch.equal(x, before)
 
 
+def test_allreduce_on_both_sides_of_the_small_copy_size(rank, size):
+    """Out of place, small host tensors are copied into the result and
+    reduced there in place, larger ones go out of place: the same results,
+    the inputs untouched, a 0-d tensor and a non-contiguous one included."""
+    from hora.torch._collectives import SMALL_COPY_BYTES
+    tag = "torch.allreduce.small_copy"
+    limit = SMALL_COPY_BYTES // 4
+    shapes = {"scalar": (), "at": (limit,), "above": (limit + 1,), "wide": (2, limit)}
+    inputs = {key: torch_input(f"{tag}.{key}", rank, shape, np.float32)
+              for key, shape in shapes.items()}
+    inputs["strided"] = inputs["wide"].t()  # (limit, 2): its copy is contiguous
+    before = {key: x.clone() for key, x in inputs.items()}
+    results = {key: hvd.allreduce(x, name=f"{tag}.{key}.out", op=hvd.Sum)
+               for key, x in inputs.items()}
+    for key, x in inputs.items():
+        source = "wide" if key == "strided" else key
+        expected = reduce_reference(inputs_of(f"{tag}.{source}", range(size), shapes[source],
+                                              np.float32), hora.Sum, np.float32)
+        if key == "strided":
+            expected = expected.T
+        assert results[key].shape == x.shape and results[key].is_contiguous()
+        assert_same(to_numpy(results[key]), expected)
+        assert torch.equal(x, before[key])
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_name)
 def test_allreduce_inplace_and_async(dtype, rank, size):
     tag = f"torch.allreduce_variants.{dtype_name(dtype)}"

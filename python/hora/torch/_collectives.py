@@ -317,7 +317,23 @@ def _start_flat(tensors, name, op, prescale, postscale, in_place, process_set):
     return works, finish
 
 
+#: An out-of-place allreduce of a host tensor up to this size copies the
+#: tensor into its result and reduces that in place, by pointer: the copy
+#: costs less than the DLPack exports of input and output that it saves
+#: (a 2.5 KiB tensor: about 30 against 50 us at 1 rank). Above it the copy
+#: would be the larger cost.
+SMALL_COPY_BYTES = 64 * 1024
+
+
 def start_allreduce(tensors, names, op, prescale, postscale, grouped, process_set=0):
+    if len(tensors) == 1 and not grouped:
+        t = tensors[0]
+        if t.is_cpu and 0 < t.numel() * t.element_size() <= SMALL_COPY_BYTES:
+            out = t.detach().clone(memory_format=torch.contiguous_format)
+            work = submission.submit_one_host(KIND_ALLREDUCE, names[0], out, out.data_ptr(),
+                                              out.shape, _CORE_DTYPES[out.dtype], op, 0, prescale,
+                                              postscale, process_set)
+            return [work], [out]
     inputs = [as_input(t) for t in tensors]
     outputs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in inputs]
     works = submit(KIND_ALLREDUCE, names, inputs, outputs, op, 0, prescale, postscale,

@@ -60,7 +60,7 @@ from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
     GroupedAllreduceFunction, ReducescatterFunction, grouped_allreduce_now)
 from hora.torch._collectives import (
-    KIND_ALLREDUCE, KIND_BROADCAST, allreduce_handle, check_op, check_root, check_tensor,
+    KIND_ALLREDUCE, KIND_BROADCAST, allreduce_handle, allreduce_now, check_op, check_root, check_tensor,
     check_tensors, name_or_auto, resolve_op, set_id, set_object, set_size, splits_list,
     start_allgather, start_allreduce, start_alltoall, start_broadcast, start_inplace,
     start_inplace_one, start_reducescatter)
@@ -126,9 +126,14 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     ident = set_id(process_set, "allreduce")
     op = resolve_op(average, op, "allreduce")
     check_tensor(tensor, "allreduce")
-    compressed, ctx = compression.compress(tensor)
     named = name is not None
     name = name_or_auto(name, "allreduce", ident)
+    if compression is Compression.none and not (torch.is_grad_enabled() and tensor.requires_grad):
+        # nothing to differentiate: the same collective without autograd's
+        # bookkeeping
+        return allreduce_now(tensor, op, name, float(prescale_factor), float(postscale_factor),
+                             ident)
+    compressed, ctx = compression.compress(tensor)
     reduced = AllreduceFunction.apply(compressed, name, named, op, float(prescale_factor),
                                       float(postscale_factor), set_object(process_set))
     return compression.decompress(reduced, ctx)
