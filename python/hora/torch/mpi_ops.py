@@ -60,10 +60,10 @@ from hora.torch._autograd import (
     AllgatherFunction, AllreduceFunction, AlltoallFunction, BroadcastFunction,
     GroupedAllreduceFunction, ReducescatterFunction, grouped_allreduce_now)
 from hora.torch._collectives import (
-    KIND_ALLREDUCE, KIND_BROADCAST, allreduce_handle, allreduce_now, check_op, check_root, check_tensor,
-    check_tensors, name_or_auto, resolve_op, set_id, set_object, set_size, splits_list,
-    start_allgather, start_allreduce, start_alltoall, start_broadcast, start_inplace,
-    start_inplace_one, start_reducescatter)
+    KIND_ALLREDUCE, KIND_BROADCAST, allreduce_handle, allreduce_now, check_op, check_root,
+    check_tensor, check_tensors, name_or_auto, resolve_op, set_id, set_object, set_size,
+    splits_list, start_allgather, start_allreduce, start_alltoall, start_broadcast,
+    start_inplace, start_inplace_one, start_reducescatter)
 from hora.torch.compression import Compression
 
 try:
