@@ -166,6 +166,23 @@ def test_notifier_tells_a_rank_that_connects_after_the_change():
         notifier.close()
 
 
+def test_notifier_timestamps_grow_when_the_wall_clock_goes_back(monkeypatch):
+    import socket
+    notifier = elastic.Notifier("127.0.0.1")
+    try:
+        for wall_clock in (1000.0, 999.0, 999.0, 1002.0):
+            monkeypatch.setattr(elastic.time, "time", lambda now=wall_clock: now)
+            notifier.notify()
+        monkeypatch.undo()
+        host, port = notifier.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as connection:
+            lines = connection.makefile("r")
+            stamps = [float(lines.readline().split()[1]) for _ in range(4)]
+        assert stamps == [1000.0, 1000.000001, 1000.000002, 1002.0]
+    finally:
+        notifier.close()
+
+
 def test_a_growth_names_the_new_processes_places_and_the_new_hosts():
     world = [Host("node1", 2)]
     grown = [Host("node1", 3), Host("node2", 2)]

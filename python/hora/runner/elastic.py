@@ -162,6 +162,7 @@ class Notifier:
         self._server = socket.create_server((bind_host, 0))
         self._clients: list[socket.socket] = []
         self._sent: bytes = b""  # what a late-connecting rank 0 must still hear
+        self._last = 0.0  # the newest timestamp sent
         self._lock = threading.Lock()
         self.address = f"{bind_host}:{self._server.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="horarun-notifier").start()
@@ -189,11 +190,14 @@ class Notifier:
         goes on smaller, or, given ``shrink`` (size, and each host with
         fewer slots: its name, the slots left, the name its ranks report),
         the ranks beyond those slots leave it."""
-        now = time.time()
-        text = (growth_line(now, *growth) if growth else lower_line(now, *lower) if lower
-                else shrink_line(now, *shrink) if shrink else f"hosts-updated {now:.6f}\n")
-        line = text.encode()
         with self._lock:
+            # Ranks act on a message only when its timestamp is newer than
+            # the last they acted on (as in Horovod), so each one is later
+            # than the one before even where the wall clock was set back.
+            now = self._last = max(time.time(), self._last + 1e-6)
+            text = (growth_line(now, *growth) if growth else lower_line(now, *lower) if lower
+                    else shrink_line(now, *shrink) if shrink else f"hosts-updated {now:.6f}\n")
+            line = text.encode()
             self._sent += line
             for client in list(self._clients):
                 try:
