@@ -79,3 +79,40 @@ def test_broadcast_object_root_out_of_range(rank, size):
         hora.broadcast_object({"a": 1}, root_rank=size, name="objects.bad_root")
     # still usable afterwards, and the same name works
     assert hora.broadcast_object({"a": rank}, root_rank=0, name="objects.bad_root") == {"a": 0}
+
+
+def test_objects_travel_by_cloudpickle_as_in_horovod(rank, size):
+    offset = 10 * rank
+
+    def add(x):  # a local function: plain pickle refuses it
+        return x + offset
+
+    scale = hora.broadcast_object(lambda x: 3 * x, name="objects.lambda")
+    assert scale(2) == 6
+    functions = hora.allgather_object(add, name="objects.local_functions")
+    assert [f(1) for f in functions] == [10 * r + 1 for r in range(size)]
+
+
+def test_an_object_the_root_cannot_pickle_raises_on_every_rank(rank, size):
+    import pickle
+    import threading
+    root = size - 1
+    obj = {"lock": threading.Lock()} if rank == root else None
+    if rank == root:
+        with pytest.raises(TypeError, match="lock"):
+            hora.broadcast_object(obj, root_rank=root, name="objects.unpicklable")
+    else:
+        with pytest.raises(pickle.PicklingError, match=f"rank {root} could not pickle.*lock"):
+            hora.broadcast_object(obj, root_rank=root, name="objects.unpicklable")
+    # nothing left in flight: the same name works again
+    assert hora.broadcast_object(rank, root_rank=root, name="objects.unpicklable") == root
+
+
+def test_an_object_one_rank_cannot_pickle_in_allgather_raises_on_every_rank(rank, size):
+    import pickle
+    import threading
+    bad = size - 1
+    obj = threading.Lock() if rank == bad else rank
+    with pytest.raises(pickle.PicklingError, match=f"of rank {bad}: TypeError: .*lock"):
+        hora.allgather_object(obj, name="objects.allgather.unpicklable")
+    assert hora.allgather_object(rank, name="objects.allgather.unpicklable") == list(range(size))

@@ -311,32 +311,64 @@ def join() -> int:
     return submission.join()
 
 
+def _pickled(obj: Any) -> tuple[np.ndarray, str | None]:
+    """``obj`` as cloudpickle bytes (as Horovod sends objects: lambdas,
+    local functions and classes of ``__main__`` travel too), or, when it
+    cannot be pickled, the reason, for the other ranks to raise with."""
+    import cloudpickle
+    try:
+        return np.frombuffer(cloudpickle.dumps(obj), np.uint8), None
+    except Exception as error:  # noqa: BLE001 - any failure is reported to every rank
+        return np.frombuffer(f"{type(error).__name__}: {error}".encode(), np.uint8), str(error)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Returns ``root_rank``'s picklable ``obj`` on every rank."""
+    """Returns ``root_rank``'s ``obj`` on every rank, sent with cloudpickle
+    as Horovod does. An object the root cannot pickle raises there, and
+    ``pickle.PicklingError`` naming the root and the reason on the other
+    ranks (none of them waits)."""
     name = check_name(name, "broadcast_object", process_set_id(process_set))
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8) if _C.rank() == root_rank else None
-    length = np.array([0 if payload is None else payload.size], np.int64)
-    broadcast_(length, root_rank, name + ".length", process_set=process_set)
-    if payload is None:
-        payload = np.empty(int(length[0]), np.uint8)
-    else:
-        payload = payload.copy()
-    broadcast_(payload, root_rank, name + ".data", process_set=process_set)
-    return obj if _C.rank() == root_rank else pickle.loads(payload.tobytes())
+    root = _C.rank() == root_rank
+    payload, failure = _pickled(obj) if root else (None, None)
+    # [failed, bytes]: on a failure the bytes are the reason
+    header = np.array([0 if failure is None else 1, 0 if payload is None else payload.size],
+                      np.int64)
+    broadcast_(header, root_rank, name + ".length", process_set=process_set)
+    data = np.empty(int(header[1]), np.uint8) if payload is None else payload.copy()
+    broadcast_(data, root_rank, name + ".data", process_set=process_set)
+    if root:
+        if failure is not None:
+            import cloudpickle
+            cloudpickle.dumps(obj)  # raises the root's own error again, with its traceback
+        return obj
+    if header[0]:
+        raise pickle.PicklingError(
+            f"broadcast_object '{name}': rank {root_rank} could not pickle its object "
+            f"({data.tobytes().decode(errors='replace')})")
+    return pickle.loads(data.tobytes())
 
 
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
-    """Returns the list of every rank's picklable ``obj``, in rank order
-    (the set's ranks with ``process_set``)."""
+    """Returns the list of every rank's ``obj``, in rank order (the set's
+    ranks with ``process_set``), sent with cloudpickle as Horovod does. An
+    object some rank cannot pickle raises ``pickle.PicklingError`` on every
+    rank, naming those ranks and why (none of them waits)."""
     name = check_name(name, "allgather_object", process_set_id(process_set))
-    payload = np.frombuffer(pickle.dumps(obj), np.uint8)
-    lengths = allgather(np.array([payload.size], np.int64), name + ".length",
-                        process_set=process_set)
+    payload, failure = _pickled(obj)
+    headers = allgather(np.array([[0 if failure is None else 1, payload.size]], np.int64),
+                        name + ".length", process_set=process_set)
     data = allgather(payload, name + ".data", process_set=process_set).tobytes()
-    result, offset = [], 0
-    for length in lengths:
-        result.append(pickle.loads(data[offset:offset + int(length)]))
+    parts, offset = [], 0
+    for _, length in headers:
+        parts.append(data[offset:offset + int(length)])
         offset += int(length)
-    return result
+    failed = [i for i, (bad, _) in enumerate(headers) if bad]
+    if failed:
+        ranks = process_set.ranks if process_set is not None and process_set.ranks else None
+        reasons = "; ".join(f"rank {ranks[i] if ranks else i}: "
+                            f"{parts[i].decode(errors='replace')}" for i in failed)
+        raise pickle.PicklingError(f"allgather_object '{name}': could not pickle the object "
+                                   f"of {reasons}")
+    return [pickle.loads(part) for part in parts]
