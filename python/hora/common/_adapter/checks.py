@@ -19,6 +19,7 @@ A process outside the set, or a root outside it, is refused by the core
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -90,10 +91,12 @@ def resolve_op(average: bool | None, op: ReduceOp | int | None, what: str) -> Re
 
 
 def check_root(root_rank: Any, what: str) -> int:
-    """``root_rank`` as an int; ``TypeError`` when it is not one."""
+    """``root_rank`` as an int; ``TypeError`` when it is not an integer
+    (1.5 or "1" included, which Horovod's binding refuses too, rather than
+    a rank made of them)."""
     try:
-        return int(root_rank)
-    except (TypeError, ValueError):
+        return operator.index(root_rank)
+    except TypeError:
         raise TypeError(f"{what}: root_rank must be an int, got {root_rank!r}") from None
 
 
