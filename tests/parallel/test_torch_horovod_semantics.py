@@ -190,3 +190,21 @@ def test_exception_classes_horovod_code_catches(rank, size):
     with pytest.raises(AssertionError, match="zero_grad"):
         optimizer.zero_grad()
     optimizer.step()
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_gradient_of_an_adasum_allreduce_is_the_adasum_of_the_gradients(rank, size, grouped):
+    # Horovod's backward repeats the forward op, Adasum included
+    if size & (size - 1):
+        pytest.skip("op=Adasum takes a power-of-two number of ranks")
+    x = torch.arange(6, dtype=torch.float64).reshape(2, 3).add(rank).requires_grad_()
+    w = torch.linspace(-1, 2, 6, dtype=torch.float64).reshape(2, 3) * (rank + 1)
+    if grouped:
+        out = hvd.grouped_allreduce([x], op=hvd.Adasum, name="semantics.adasum_grouped")[0]
+    else:
+        out = hvd.allreduce(x, op=hvd.Adasum, name="semantics.adasum")
+    (out * w).sum().backward()
+    expected = hvd.allreduce(w, op=hvd.Adasum, name="semantics.adasum_expected")
+    torch.testing.assert_close(x.grad, expected)
+    if size > 1:  # not the plain sum of the gradients
+        assert not torch.allclose(x.grad, hvd.allreduce(w, op=hvd.Sum))

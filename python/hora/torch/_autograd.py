@@ -2,8 +2,8 @@
 
 The backward passes are Horovod's, so that gradients match it exactly:
 
-- allreduce (Sum, Average): the same allreduce of the gradient, with the
-  same op and scale factors;
+- allreduce (Sum, Average, Adasum): the same allreduce of the gradient,
+  with the same op and scale factors;
 - allgather: this rank's rows of the *average* over ranks of the gradient;
 - broadcast: the average over ranks of the gradient on the root, zeros
   elsewhere;
@@ -32,6 +32,8 @@ from hora.torch._collectives import (
     start_allreduce, start_alltoall, start_broadcast, start_reducescatter, sub_name, synchronize)
 
 Product = ReduceOp.Product
+# Ops whose gradient is the same allreduce of the incoming gradients.
+_REPEATED = (Sum, Average, ReduceOp.Adasum)
 
 
 def selection_op(op, prescale):
@@ -50,7 +52,7 @@ def product_of_others(x, name, ps, ident):
 
 
 def allreduce_grad(grad, x, op, prescale, postscale, name, ps, ident):
-    if op in (Sum, Average):
+    if op in _REPEATED:
         return allreduce_now(grad, op, name, prescale, postscale, ident)
     total = allreduce_now(grad, Sum, sub_name(name, "sum"), process_set=ident)
     if op in (Min, Max):
@@ -70,7 +72,7 @@ class AllreduceFunction(torch.autograd.Function):
     def forward(ctx, tensor, name, named, op, prescale, postscale, ps):
         ident = process_set_id(ps)
         ctx.args = (name, named, op, prescale, postscale, ps, ident)
-        if op not in (Sum, Average):
+        if op not in _REPEATED:
             ctx.save_for_backward(tensor)
         works, outputs = start_allreduce([tensor], [name], op, prescale, postscale, False, ident)
         return synchronize(Handle(works, lambda ws: outputs[0]))
@@ -96,7 +98,7 @@ class GroupedAllreduceFunction(torch.autograd.Function):
     def forward(ctx, name, named, op, prescale, postscale, ps, *tensors):
         ident = process_set_id(ps)
         ctx.args = (name, named, op, prescale, postscale, ps, ident)
-        if op not in (Sum, Average):
+        if op not in _REPEATED:
             ctx.save_for_backward(*tensors)
         return tuple(grouped_allreduce_now(tensors, name, op, prescale, postscale, ident))
 
@@ -104,7 +106,7 @@ class GroupedAllreduceFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         name, named, op, prescale, postscale, ps, ident = ctx.args
         base = name_or_auto(grad_name(name, named, "grad"), "grouped_allreduce", ident)
-        if op in (Sum, Average):
+        if op in _REPEATED:
             result = grouped_allreduce_now(list(grads), base, op, prescale, postscale, ident)
         else:
             result = [allreduce_grad(g, x, op, prescale, postscale, f"{base}.{i}", ps, ident)

@@ -37,7 +37,8 @@ from hora.torch._collectives import (
     splits_list, start_allgather, start_allreduce, start_alltoall, start_broadcast,
     start_inplace_one, start_reducescatter, synchronize)
 
-_SELF_GRADIENT = (int(Sum), int(Average))  # ops whose backward needs no saved input
+# ops whose backward is the same allreduce of the gradient (no saved input)
+_SELF_GRADIENT = (int(Sum), int(Average), int(ReduceOp.Adasum))
 
 
 def _set(ident: int, what: str) -> ProcessSet:
