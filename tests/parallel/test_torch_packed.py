@@ -170,3 +170,16 @@ def test_a_joined_rank_contributes_zeros_to_a_packed_allreduce(packing, rank, si
         last = hvd.join()
     # the others reduce only once the last rank has joined, so one of them joins last
     assert last != size - 1
+
+
+def test_new_results_are_separate_tensors_that_autograd_lets_change(packing, rank, size):
+    # as Horovod's: one result's memory is its own, and a result that
+    # requires grad may be changed in place
+    tensors = [torch.full((3,), float(rank), requires_grad=True), torch.ones(2, 2) * rank]
+    results = hvd.grouped_allreduce(tensors, name="packed.separate", op=hvd.Sum)
+    assert results[0].untyped_storage().data_ptr() != results[1].untyped_storage().data_ptr()
+    assert results[0].untyped_storage().nbytes() == 3 * 4
+    results[0].mul_(2)
+    results[0].sum().backward()
+    torch.testing.assert_close(tensors[0].grad, torch.full((3,), 2.0 * size))
+    torch.testing.assert_close(results[1], torch.ones(2, 2) * (size * (size - 1) / 2))

@@ -305,14 +305,19 @@ def _start_flat(tensors, name, op, prescale, postscale, in_place, process_set):
     results = []
 
     def finish():
-        # views of the reduced copy, made once it is done (on a GPU, the
-        # caller's stream waits for the reduction before these kernels)
+        # made once the reduction is done (on a GPU, the caller's stream
+        # waits for it before these kernels): the results are copied out
+        # of the reduced buffer, into the tensors themselves or into new
+        # ones, since views of one buffer would tie the results' memory
+        # together and could not be changed in place under autograd
+        # (Horovod's are separate tensors too)
         if not results:
-            results.extend(torch._C._nn.unflatten_dense_tensors(flat, tensors))
-            if in_place:
-                with torch.no_grad():
-                    torch._foreach_copy_(tensors, results)
-                results[:] = tensors
+            views = torch._C._nn.unflatten_dense_tensors(flat, tensors)
+            targets = tensors if in_place else [
+                torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+            with torch.no_grad():
+                torch._foreach_copy_(targets, views)
+            results.extend(targets)
         return results
     return works, finish
 
