@@ -51,11 +51,11 @@ def orthonormalize(p):
             p[:, j] -= p[:, i] * (p[:, i] @ p[:, j])
 
 
-def reference(size, steps, start_iter, rank, passes=1):
+def reference(size, steps, start_iter, rank, passes=1, schedule=None):
     """Every step's reduced gradients and every rank's errors, simulated in
-    float64 for all ranks."""
+    float64 for all ranks (over the steps of ``schedule`` when given)."""
     q, errors, results = {}, {}, []
-    for step in range(steps):
+    for step in range(steps) if schedule is None else schedule:
         out = {}
         for name, shape in SHAPES.items():
             grads = [gradient(name, k, step, passes) for k in range(size)]
@@ -80,7 +80,10 @@ def reference(size, steps, start_iter, rank, passes=1):
     return results, errors
 
 
-def train(rank, steps, compression, op=hvd.Average, passes=1, **kwargs):
+def train(rank, steps, compression, op=hvd.Average, passes=1, poison=None, **kwargs):
+    """``poison``: (step, rank, name, value) puts ``value`` into one element
+    of that gradient there (rank None: on every rank; value 0: zeroes the
+    whole gradient)."""
     net = Net()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.0),
                                    named_parameters=net.named_parameters(),
@@ -90,9 +93,14 @@ def train(rank, steps, compression, op=hvd.Average, passes=1, **kwargs):
     for step in range(steps):
         opt.zero_grad()
         for i in range(passes):
-            loss = sum((getattr(net, name) * torch.tensor(
-                gradient(name, rank, step * passes + i), dtype=torch.float32)).sum()
-                for name in SHAPES)
+            grads = {name: torch.tensor(gradient(name, rank, step * passes + i),
+                                        dtype=torch.float32) for name in SHAPES}
+            if poison is not None and poison[0] == step and poison[1] in (None, rank):
+                if poison[3] == 0:
+                    grads[poison[2]].zero_()
+                else:
+                    grads[poison[2]].view(-1)[3] = poison[3]
+            loss = sum((getattr(net, name) * grads[name]).sum() for name in SHAPES)
             loss.backward()
         opt.step()
         seen.append({name: getattr(net, name).grad.double().numpy().copy() for name in SHAPES})
@@ -185,6 +193,35 @@ def test_bad_arguments_raise():
                       compression=hvd.Compression.powersgd())
 
 
+def test_an_overflow_is_handed_on_and_leaves_the_state_as_it_was(rank, size):
+    # one rank's gradient of "w" overflows at step 2 (as under GradScaler,
+    # which then skips the step): every rank gets a non-finite "w" there,
+    # and step 3 goes on from the state of step 1 rather than from NaNs
+    compression = hvd.Compression.powersgd(start_iter=1)
+    _, seen = train(rank, 4, compression, bucket_bytes=0,
+                    poison=(2, size - 1, "w", float("inf")))
+    assert not np.isfinite(seen[2]["w"]).all()
+    skipped, _ = reference(size, 4, 1, 1, schedule=[0, 1, 3])
+    normal, _ = reference(size, 4, 1, 1)
+    np.testing.assert_allclose(seen[3]["w"], skipped[2]["w"], rtol=2e-4, atol=2e-5)
+    for step in range(4):  # the other gradients, in the same collectives, untouched
+        np.testing.assert_allclose(seen[step]["conv"], normal[step]["conv"], rtol=2e-4,
+                                   atol=2e-5)
+
+
+def test_a_gradient_zero_on_every_rank_does_not_stay_zero(rank, size):
+    # without error feedback a step where "w" is zero on every rank leaves
+    # Q zero; it is drawn afresh, so the next steps compress "w" again
+    compression = hvd.Compression.powersgd(start_iter=1, error_feedback=False)
+    _, seen = train(rank, 4, compression, poison=(1, None, "w", 0))
+    assert np.abs(seen[1]["w"]).max() == 0
+    for step in (2, 3):
+        assert np.abs(seen[step]["w"]).max() > 0.1
+        flat = torch.from_numpy(seen[step]["w"]).reshape(1, -1)
+        for other in hvd.allgather(flat, name=f"powersgd.zero.check.{step}"):
+            assert torch.equal(other, flat[0])
+
+
 def test_a_new_world_starts_the_compressor_again(rank, size):
     # elastic state's sync() (run when the world changes) resets Q, the
     # errors and the warm-up count on every rank
@@ -237,6 +274,22 @@ def test_onebit_matches_the_reference_on_every_rank(rank, size):
     flat = torch.cat([torch.from_numpy(seen[-1][name]).reshape(-1) for name in SHAPES])
     for other in hvd.allgather(flat.unsqueeze(0), name="onebit.check"):
         assert torch.equal(other, flat)
+
+
+def test_onebit_overflow_is_handed_on_and_the_errors_start_again(rank, size):
+    # one rank's gradient of "w" overflows at step 2: every rank gets a
+    # non-finite "w" there and starts its errors from zero, so step 3 is
+    # the one-bit average of step 3's gradients alone, on every rank
+    compression = hvd.Compression.onebit(start_iter=1, min_elements=16)
+    _, seen = train(rank, 4, compression, poison=(2, size - 1, "w", float("inf")))
+    assert not np.isfinite(seen[2]["w"]).all()
+    grads = [gradient("w", k, 3).astype(np.float32) for k in range(size)]
+    scales = [np.float32(np.abs(g).mean()) for g in grads]
+    expected = sum(np.where(g >= 0, s, -s) for g, s in zip(grads, scales)) / size
+    np.testing.assert_allclose(seen[3]["w"], expected, rtol=1e-4, atol=1e-5)
+    flat = torch.from_numpy(seen[3]["w"]).reshape(1, -1)
+    for other in hvd.allgather(flat, name="onebit.overflow.check"):
+        assert torch.equal(other, flat[0])
 
 
 def test_onebit_signs_pack_and_unpack():

@@ -17,8 +17,12 @@ the error this rank left out the step before,
 A float32 allreduce moves about 4 bytes per element through each rank's
 link (2 (N-1)/N x 4); this moves (N-1)/8. Smaller gradients (biases, norms)
 are averaged as they are, in one allreduce. The first ``start_iter`` steps
-average everything uncompressed. The state (the errors) lives in the
-compressor; an elastic job resets it when the world changes.
+average everything uncompressed. A step in which some rank's scale is not
+finite (a gradient overflowed, as under ``GradScaler``) hands the
+non-finite result on, for the scaler to skip the step, and every rank
+starts its errors from zero again (the overflow is in them). The state
+(the errors) lives in the compressor; an elastic job resets it when the
+world changes.
 """
 
 from __future__ import annotations
@@ -121,7 +125,8 @@ class OneBit(StatefulCompressor):
                     plain.append(grad)
                     continue
                 error = self._errors.get(name)
-                if error is None or error.shape != grad.shape or error.dtype != grad.dtype:
+                if (error is None or error.shape != grad.shape or error.dtype != grad.dtype
+                        or error.device != grad.device):
                     error = self._errors[name] = torch.zeros_like(grad)
                 error.add_(grad)  # M = gradient + error, kept where the error lives
                 scales.append(error.abs().mean().to(torch.float32))
@@ -141,6 +146,8 @@ class OneBit(StatefulCompressor):
             ranks = all_scales.numel() // len(round_.signs)
             per_rank_bits = all_bits.view(ranks, -1)
             per_rank_scales = all_scales.view(ranks, -1)
+            # every rank's scales, the same on every rank: so is this
+            finite = bool(torch.isfinite(all_scales).all())
             with torch.no_grad():
                 for i, s in enumerate(round_.signs):
                     dtype = s.grad.dtype
@@ -151,7 +158,10 @@ class OneBit(StatefulCompressor):
                     total = (decoded * per_rank_scales[:, i:i + 1].to(dtype)).sum(dim=0)
                     # this rank's own C = scale * sign(M), as it was packed
                     scale = s.scale.to(dtype)
-                    s.error.sub_(torch.where(s.error >= 0, scale, -scale))  # M - C
+                    if finite:
+                        s.error.sub_(torch.where(s.error >= 0, scale, -scale))  # M - C
+                    else:
+                        s.error.zero_()
                     if round_.op == Average:
                         total.div_(ranks)
                     s.grad.copy_(total.view_as(s.grad))

@@ -18,6 +18,13 @@ norms) and matrices that would not shrink by ``min_compression_rate`` are
 averaged as they are, in the same collective as the ``P`` matrices. For
 the first ``start_iter`` steps every gradient is averaged uncompressed.
 
+A step whose ``Q`` comes back non-finite (a gradient overflowed on some
+rank, as under ``GradScaler``) hands the non-finite result on, for the
+scaler to skip the step, and keeps ``Q`` and the errors as they were; a
+column of ``Q`` that comes back all zero (a gradient that was zero on every
+rank) is drawn afresh, so that the gradient is not stuck at zero. Both
+decisions are taken on the averaged ``Q``, the same on every rank.
+
 The state (``Q`` and the errors, per gradient) lives in the compressor
 object: use one ``Compression.powersgd(...)`` per optimizer. It is not part
 of the optimizer's ``state_dict``; an elastic job resets it whenever the
@@ -47,6 +54,14 @@ def _orthonormalize(matrix: torch.Tensor) -> None:
         if i + 1 < matrix.shape[1]:
             rest = matrix[:, i + 1:]
             rest.sub_(column * (column * rest).sum(dim=0, keepdim=True))
+
+
+def _seeded(seed: int, m: int, rank: int, like: torch.Tensor) -> torch.Tensor:
+    """A random ``m x rank`` matrix drawn from ``seed`` (the same on every
+    rank), of ``like``'s dtype and device."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(m, rank, generator=generator, dtype=torch.float64)
+    return q.to(dtype=like.dtype, device=like.device)
 
 
 class _Matrix:
@@ -133,10 +148,9 @@ class PowerSGD(StatefulCompressor):
         if (state is None or state["q"].shape != (m, rank) or state["q"].dtype != grad.dtype
                 or state["q"].device != grad.device):
             # the same Q on every rank: seeded by the gradient's name
-            generator = torch.Generator().manual_seed(self.seed ^ zlib.crc32(name.encode()))
-            q = torch.randn(m, rank, generator=generator, dtype=torch.float64)
-            q = q.to(dtype=grad.dtype, device=grad.device)
-            state = {"q": q, "error": torch.zeros(n, m, dtype=grad.dtype, device=grad.device)}
+            seed = self.seed ^ zlib.crc32(name.encode())
+            state = {"q": _seeded(seed, m, rank, grad), "seed": seed,
+                     "error": torch.zeros(n, m, dtype=grad.dtype, device=grad.device)}
             self._state[name] = state
         return state
 
@@ -181,11 +195,25 @@ class PowerSGD(StatefulCompressor):
             if scale is not None:
                 for grad in round_.plain:  # averaged with the P matrices
                     grad.mul_(scale)
-            for m in round_.matrices:
+            # Q is averaged, the same on every rank, and so is what is
+            # decided from it (one look at the values for the whole round)
+            looks = torch.stack([torch.stack([torch.isfinite(m.q).all(),
+                                              (m.q.abs().amax(dim=0) == 0).any()])
+                                 for m in round_.matrices]).tolist() if round_.matrices else []
+            for m, (finite, zero_column) in zip(round_.matrices, looks):
                 approximation = m.p @ m.q.t()
-                if self.error_feedback:
-                    torch.sub(m.matrix, approximation, out=m.state["error"])
-                m.state["q"] = m.q
+                if finite:
+                    if self.error_feedback:
+                        torch.sub(m.matrix, approximation, out=m.state["error"])
+                    if zero_column:
+                        # a column no gradient fed would stay zero for good
+                        zero = m.q.abs().amax(dim=0) == 0
+                        fresh = _seeded(m.state["seed"] + self.iteration + 1, m.q.shape[0],
+                                        m.q.shape[1], m.q)
+                        m.q[:, zero] = fresh[:, zero]
+                    m.state["q"] = m.q
+                # else the step is to be skipped (an overflow): the result
+                # stays non-finite, and Q and the error stay as they were
                 if scale is not None:
                     approximation.mul_(scale)
                 m.grad.copy_(approximation.view(m.grad.shape))
