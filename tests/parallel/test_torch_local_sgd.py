@@ -117,3 +117,44 @@ def test_a_new_world_counts_again_from_its_parameters(rank, size):
     flat = torch.cat([a.reshape(-1) for a in opt._hora_anchor])
     for other in hvd.allgather(flat.unsqueeze(0), name="local_sgd.anchor.check"):
         assert torch.equal(other, flat)
+
+
+def test_resuming_with_broadcast_optimizer_state_keeps_the_ranks_in_step(rank, size):
+    # rank 0 loads an optimizer checkpoint, the others have no state: the
+    # step broadcast_optimizer_state runs on them to make it does not count
+    # towards their averaging (else they would average a step early, and
+    # at the end make one averaging rank 0 never makes)
+    net = model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
+                                   named_parameters=net.named_parameters(), local_steps=H)
+    if rank == 0:
+        donor = model()
+        donor_opt = torch.optim.Adam(donor.parameters(), lr=0.01)
+        local_step(donor, donor_opt, 0, 99)
+        opt.load_state_dict(donor_opt.state_dict())
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert hvd.allgather_object(opt._hora_local_count, name="local_sgd.resume.count") == [0] * size
+    for step in range(2 * H):
+        local_step(net, opt, rank, step)
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    for other in hvd.allgather(flat.unsqueeze(0), name="local_sgd.resume.check"):
+        assert torch.equal(other, flat)
+
+
+@pytest.mark.parametrize("with_outer", [False, True], ids=["averaging", "diloco"])
+def test_parameters_of_a_group_added_later_are_averaged(rank, size, with_outer):
+    net, head = model(), torch.nn.Linear(1, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                   named_parameters=net.named_parameters(), local_steps=H,
+                                   outer_optimizer=outer if with_outer else None)
+    local_step(net, opt, rank, 0)
+    opt.add_param_group({"params": head.parameters(), "lr": 0.05})
+    for step in range(1, 2 * H):
+        opt.zero_grad()
+        data, target = batch(rank, step)
+        head(net(data)).sum().backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in head.parameters()])
+    for other in hvd.allgather(flat.unsqueeze(0), name=f"local_sgd.added.{with_outer}"):
+        assert torch.equal(other, flat)

@@ -71,6 +71,29 @@ class _LocalSGDOptimizer:
             self._hora_average()
         return loss
 
+    def add_param_group(self, param_group):
+        """The wrapped optimizer's ``add_param_group``; the new parameters
+        are averaged too (every rank must add the same groups in the same
+        order). With an outer optimizer, the anchor is taken again, and the
+        outer optimizer made anew, at the next step."""
+        super().add_param_group(param_group)
+        if "_hora_local_params" not in self.__dict__:
+            return
+        known = {id(p) for p in self._hora_local_params}
+        added = [p for p in self.param_groups[-1]["params"]
+                 if p.requires_grad and id(p) not in known]
+        self._hora_local_params.extend(added)
+        if added and self._hora_outer_factory is not None:
+            self._hora_anchor = None
+            self._hora_outer = None
+
+    def _hora_own_step(self, closure=None):
+        """The wrapped optimizer's own step, uncounted: what
+        ``broadcast_optimizer_state`` runs on ranks without state to make
+        it (only some ranks run it, so it must not count towards, or
+        start, an averaging)."""
+        return super().step(closure)
+
     def _hora_average(self):
         from hora.torch import mpi_ops
         params = [p.detach() for p in self._hora_local_params]

@@ -428,4 +428,6 @@ def _local_step(optimizer: torch.optim.Optimizer) -> Any:
     if isinstance(optimizer, _ShardedOptimizer):
         with optimizer._hora_pieces_as_params():
             return super(_ShardedOptimizer, optimizer).step()
+    if isinstance(optimizer, _LocalSGDOptimizer):
+        return optimizer._hora_own_step()
     return type(optimizer).step(optimizer)
