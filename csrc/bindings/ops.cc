@@ -162,7 +162,7 @@ TensorEntry MakeEntry(PyWork* w, Request r, bool in_place, int size, int64_t str
                       const TensorEntry* previous = nullptr) {
   const TensorView& in = w->input->view();
   if (r.kind == CollectiveKind::kAlltoall) {
-    if (splits) {
+    if (splits && !splits->empty()) {  // no splits, or none given: even ones, as in Horovod
       r.splits = *splits;
     } else {
       ThrowIfFailed(EqualSplits(r, in, size, &r.splits));

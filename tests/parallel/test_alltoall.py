@@ -73,3 +73,19 @@ def test_alltoall_everything_to_rank0(rank, size):
     assert_same(received, expected_received)
     if rank != 0:
         assert output.shape == (0, 2, 2)
+
+
+def test_rows_past_the_splits_are_not_sent_and_no_splits_mean_even_ones(rank, size):
+    # as in Horovod: splits may sum to less than the first dimension (the
+    # rows after them stay behind), and an empty splits list splits evenly
+    tag = "alltoall.prefix"
+    splits = [1] * size
+    x = rank_input(tag, rank, (size + 3, 2), np.float32)
+    output, received = hora.alltoall(x, splits=splits, name=tag)
+    # row k of every rank's tensor goes to rank k; rows size.. stay
+    expected = np.stack([rank_input(tag, sender, (size + 3, 2), np.float32)[rank]
+                         for sender in range(size)])
+    assert_same(output, expected)
+    assert_same(received, np.ones(size, np.int64))
+    output, received = hora.alltoall(x[:size], splits=[], name="alltoall.empty_splits")
+    assert output.shape == (size, 2) and received.tolist() == [1] * size

@@ -158,14 +158,11 @@ def test_alltoall_bad_splits(rank, size):
     if size > 1:
         with pytest.raises(ValueError, match="splits"):
             hora.alltoall(x, splits=[size], name=name)  # too few entries
-    with pytest.raises(ValueError):
-        hora.alltoall(x, splits=[], name=name)
     with pytest.raises(ValueError, match="negative"):
         hora.alltoall(x, splits=[-1] + [1] * (size - 1), name=name)
-    with pytest.raises(ValueError, match="sum"):
+    with pytest.raises(ValueError, match="Sum of splits entries is greater than the first "
+                                         "dimension of tensor .*sum to"):
         hora.alltoall(x, splits=[1] * (size - 1) + [2], name=name)  # sums to size + 1
-    with pytest.raises(ValueError, match="sum"):
-        hora.alltoall(x, splits=[0] * size, name=name)
     check_usable(name, size)
 
 

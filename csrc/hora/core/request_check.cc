@@ -99,9 +99,14 @@ Status CheckRequest(const Request& r, const TensorView& in, const TensorView* ou
       if (s < 0) return Invalid(r, "splits must not be negative, got " + ShapeString(r.splits));
       total += s;
     }
-    if (total != in.shape[0]) {
-      return Invalid(r, "splits " + ShapeString(r.splits) + " sum to " + std::to_string(total) +
-                            " but the first dimension is " + std::to_string(in.shape[0]));
+    // As in Horovod, rows past the splits' sum are not sent.
+    if (total > in.shape[0]) {
+      // Horovod's words first: code matches on them
+      return Invalid(r,
+                     "Sum of splits entries is greater than the first dimension of tensor "
+                     "(splits " +
+                         ShapeString(r.splits) + " sum to " + std::to_string(total) +
+                         ", the first dimension is " + std::to_string(in.shape[0]) + ")");
     }
   }
   return Status::OK();
