@@ -162,7 +162,9 @@ def test_warmup_ramps_from_lr_over_size_to_lr(rank, size):
     warmup = hk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
     model.fit(x[rank], y[rank], batch_size=BATCH, epochs=3, verbose=0,
               callbacks=[warmup, recorder])
-    expected = [0.4 / size * ((e + b / 4) * (size - 1) / 2 + 1) for e in range(2) for b in range(4)]
+    # as Horovod's: a batch trains at the ramp's value where it ends
+    expected = [0.4 / size * ((e + (b + 1) / 4) * (size - 1) / 2 + 1)
+                for e in range(2) for b in range(4)]
     np.testing.assert_allclose(recorder.batch_lr[:8], expected, rtol=1e-6)
     np.testing.assert_allclose(recorder.batch_lr[8:], [0.4] * 4, rtol=1e-6)
 
@@ -264,3 +266,102 @@ def test_metric_average_with_different_keys_raises_on_every_rank(rank, size):
     logs = {"loss": float(rank)}
     callback.on_epoch_end(4, logs)  # still usable
     assert logs["loss"] == pytest.approx((size - 1) / 2)
+
+
+def _gradients(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn()(y, model(x, training=True))
+    return [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def test_broadcast_callback_leaves_each_ranks_accumulated_gradients(rank, size):
+    # backward_passes_per_step=2: the broadcast after the first batch sets
+    # the weights and the optimizer's state, but each rank keeps the pass
+    # it has accumulated (Horovod's aggregation buffers are no variables)
+    lr = 0.1
+    x, y = rank_data(size, batches=2)
+    starts = [make_model(seed=50 + r) for r in range(size)]
+    root = starts[0]
+    total = [np.zeros(v.shape, np.float64) for v in root.trainable_variables]
+    for r in range(size):
+        # batch 0 at the rank's own weights, batch 1 at the root's
+        for b, at in ((0, starts[r]), (1, root)):
+            rows = slice(b * BATCH, (b + 1) * BATCH)
+            for t, g in zip(total, _gradients(at, x[r][rows], y[r][rows])):
+                t += g
+    expected = [w.numpy() - lr * t / size for w, t in zip(root.trainable_variables, total)]
+    model = make_model(seed=50 + rank)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr),
+                                                     backward_passes_per_step=2),
+                  loss=loss_fn(), jit_compile=False)
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for got, want in zip(model.trainable_variables, expected):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_local_layers_sum_the_accumulated_passes_as_the_reduced_ones(rank, size):
+    # Keras 3 averages accumulated passes; hora makes them a sum (Horovod's
+    # default) for the local layers' gradients as for the reduced ones
+    lr = 0.1
+    x, y = rank_data(size, batches=2)
+    model = make_model(seed=60)
+    local = model.layers[-1]
+    own = make_model(seed=60)
+    passes = [_gradients(own, x[rank][b * BATCH:(b + 1) * BATCH],
+                         y[rank][b * BATCH:(b + 1) * BATCH]) for b in range(2)]
+    index = [i for i, v in enumerate(model.trainable_variables)
+             if any(v is w for w in local.trainable_variables)]
+    expected = {i: own.trainable_variables[i].numpy() - lr * (passes[0][i] + passes[1][i]) / size
+                for i in index}
+    model.compile(optimizer=hk.PartialDistributedOptimizer(
+        keras.optimizers.SGD(lr), backward_passes_per_step=2, local_layers=[local]),
+        loss=loss_fn(), jit_compile=False)
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    for i in index:
+        np.testing.assert_allclose(model.trainable_variables[i].numpy(), expected[i],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_float16_with_accumulation(rank, size):
+    # hora wraps the optimizer in a LossScaleOptimizer under mixed_float16;
+    # the accumulation goes to the optimizer inside it
+    policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = make_model(seed=70)
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+        assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+        assert opt.inner_optimizer.gradient_accumulation_steps == 2
+        model.compile(optimizer=opt, loss=loss_fn(), jit_compile=False)
+        x, y = rank_data(size, batches=4)
+        model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0,
+                                                                           at_train_begin=True)])
+        assert int(opt.inner_optimizer.iterations.numpy()) == 2
+        assert_same_on_every_rank(model.get_weights())
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
+
+
+class _PerClass(keras.callbacks.Callback):
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["per_class"] = np.array([self.rank, 2.0 * self.rank, 1.0], np.float32)
+
+
+def test_metric_average_callback_averages_array_metrics(rank, size):
+    model = make_model(seed=21)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+                  loss=loss_fn(), jit_compile=False)
+    x, y = rank_data(size, batches=1)
+    averaged = Recorder()
+    model.fit(x[rank], y[rank], batch_size=BATCH, epochs=1, verbose=0,
+              callbacks=[_PerClass(rank), hk.callbacks.MetricAverageCallback(), averaged])
+    mean = (size - 1) / 2
+    value = averaged.epoch_logs[0]["per_class"]
+    assert value.dtype == np.float32
+    np.testing.assert_allclose(value, [mean, 2 * mean, 1.0], rtol=1e-6)

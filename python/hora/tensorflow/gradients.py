@@ -68,6 +68,9 @@ class GradientReducer:
         self.sparse_as_dense = bool(sparse_as_dense)
         self.prescale = policy.prescale
         self.postscale = policy.postscale * float(extra_postscale)
+        # Keras 3's accumulation averages the passes and this makes them a
+        # sum again (Horovod's); local gradients get it too
+        self.extra_postscale = float(extra_postscale)
         self.policy = policy
         self.what = what
         self.scale_local_gradients = bool(scale_local_gradients)
@@ -113,6 +116,7 @@ class GradientReducer:
         local, grads = self._split_local(original, variables)
         results = self._reduce_all(grads, variables)
         factor = 1.0 / set_size(self.process_set) if self.scale_local_gradients else 1.0
+        factor *= self.extra_postscale
         for i in local:
             results[i] = _scaled(original[i], factor)
         return results

@@ -209,14 +209,18 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None,
     if name is not None:
         config["name"] = name
     if steps > 1:
+        # Keras accumulates in the optimizer that applies the gradients:
+        # for a LossScaleOptimizer, its inner one. hora then reduces every
+        # backward pass (before the finiteness check, as always), and the
+        # inner optimizer accumulates the reduced passes.
+        accumulating = config
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            raise ValueError("backward_passes_per_step > 1 is not supported with a "
-                             "LossScaleOptimizer; accumulate in the inner optimizer instead")
-        current = config.get("gradient_accumulation_steps")
+            accumulating = config["inner_optimizer"]["config"]
+        current = accumulating.get("gradient_accumulation_steps")
         if current and current != steps:
             raise ValueError(f"the optimizer already accumulates over {current} steps but "
                              f"backward_passes_per_step is {steps}; set only one of them")
-        config["gradient_accumulation_steps"] = steps
+        accumulating["gradient_accumulation_steps"] = steps
         if not average_aggregated_gradients:
             # Keras averages the accumulated passes; Horovod sums them
             settings["extra_postscale"] = float(steps)
