@@ -146,7 +146,8 @@ def test_warmup_and_metric_average_with_keras2_optimizers(kind, rank, size):
     history = model.fit(x[rank], y[rank], batch_size=BATCH, epochs=3, verbose=0, callbacks=[
         hk.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2),
         hk.callbacks.MetricAverageCallback(), recorder])
-    expected = [0.4 / size * ((e + b / 4) * (size - 1) / 2 + 1) for e in range(2) for b in range(4)]
+    expected = [0.4 / size * ((e + (b + 1) / 4) * (size - 1) / 2 + 1)
+                for e in range(2) for b in range(4)]
     np.testing.assert_allclose(recorder.batch_lr[:8], expected, rtol=1e-6)
     np.testing.assert_allclose(recorder.batch_lr[8:], [0.4] * 4, rtol=1e-6)
     assert_same_on_every_rank([history.history["loss"]])

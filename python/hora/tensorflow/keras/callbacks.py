@@ -9,9 +9,9 @@ import numpy as np
 
 from hora.common import ops as _ops
 from hora.common._adapter.checks import check_root
-from hora.common.basics import size
+from hora.common.basics import rank, size
 from hora.tensorflow.keras._flavor import (
-    keras, learning_rate, momentum_buffers, optimizer_variables, set_learning_rate)
+    _inner, keras, learning_rate, momentum_buffers, optimizer_variables, set_learning_rate)
 from hora.tensorflow.mpi_ops import broadcast_variables
 
 
@@ -44,9 +44,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         # would give every rank the same dropout masks
         variables = list(model.weights)
         optimizer = getattr(model, "optimizer", None)
+        kept = dict(self.local_variables)
         if optimizer is not None:
             variables += optimizer_variables(optimizer, model.trainable_variables)
-        variables = [v for v in variables if id(v) not in self.local_variables]
+            # Keras 3's gradient accumulators hold this rank's own passes
+            # so far (Horovod's aggregation buffers are no variables either)
+            for accumulator in getattr(_inner(optimizer), "_accumulated_gradients", None) or []:
+                kept[id(accumulator)] = accumulator
+        variables = [v for v in variables if id(v) not in kept]
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
 
@@ -61,10 +66,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """At the end of each epoch, replaces every numeric value in ``logs``
-    (loss, metrics, validation metrics) by its average over all ranks, so
-    that what is printed, checkpointed or acted on is the global value.
-    Ranks whose logs hold different keys raise ``ValueError`` naming them,
-    on every rank."""
+    (loss, metrics, validation metrics; numbers and arrays, such as a
+    per-class metric) by its average over all ranks, so that what is
+    printed, checkpointed or acted on is the global value. Ranks whose logs
+    hold different keys, or arrays of different shapes, raise
+    ``ValueError`` naming them, on every rank."""
 
     def __init__(self, device=""):
         super().__init__()
@@ -72,22 +78,31 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs or size() == 1:
             return
-        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
-        everyone = _ops.allgather_object(keys, name="hora.keras.MetricAverageCallback.keys")
-        if any(other != keys for other in everyone):
-            differing = sorted(set().union(*everyone) - set.intersection(*map(set, everyone)))
+        entries = sorted((k, np.shape(v)) for k, v in logs.items() if _is_numeric(v))
+        everyone = _ops.allgather_object(entries, name="hora.keras.MetricAverageCallback.keys")
+        if any(other != entries for other in everyone):
+            differing = sorted({k for k, _ in set().union(*map(set, everyone))
+                                - set.intersection(*map(set, everyone))})
             raise ValueError(f"MetricAverageCallback: the ranks logged different metrics at "
-                             f"epoch {epoch}; not on every rank: {differing}")
-        values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = _ops.allreduce(values, name="hora.keras.MetricAverageCallback")
-        for key, value in zip(keys, averaged):
-            logs[key] = float(value)
+                             f"epoch {epoch} (names, or shapes of arrays); not the same on "
+                             f"every rank: {differing}")
+        values = [np.asarray(logs[k], np.float64).reshape(-1) for k, _ in entries]
+        averaged = _ops.allreduce(np.concatenate(values) if values else np.zeros(0),
+                                  name="hora.keras.MetricAverageCallback")
+        offset = 0
+        for (key, shape), value in zip(entries, values):
+            mean = averaged[offset:offset + value.size]
+            offset += value.size
+            if shape == ():
+                logs[key] = float(mean[0])
+            else:
+                logs[key] = mean.reshape(shape).astype(np.asarray(logs[key]).dtype)
 
 
-def _is_number(value):
+def _is_numeric(value):
+    """A number, or an array of numbers (a metric's value)."""
     try:
-        float(value)
-        return True
+        return np.asarray(value).dtype.kind in "biuf"
     except (TypeError, ValueError):
         return False
 
@@ -174,13 +189,17 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     ``initial_lr`` over the first ``warmup_epochs`` epochs, batch by batch
     (Goyal et al., 2017): large global batches train better when the scaled
     rate is reached gradually. ``initial_lr`` is the already scaled rate
-    (e.g. ``0.01 * hvd.size()``). With ``verbose`` it prints a line when the
+    (e.g. ``0.01 * hvd.size()``). As in Horovod, each batch trains at the
+    rate of the point of the ramp where it ends, so the last warmup batch
+    trains at ``initial_lr``. With ``verbose`` rank 0 prints a line when the
     warmup ends."""
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None,
                  verbose=0):
         def multiplier(epoch):
-            # epoch is fractional; at 0 the rate is initial_lr / size
+            # epoch is fractional, at the batch's start; Horovod's ramp
+            # reads it at the batch's end
+            epoch += 1.0 / self.steps_per_epoch
             return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,
@@ -192,7 +211,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.warmup_epochs - 1:
             # the last warmup batch set the rate just below the target
             self._set_learning_rate(self.initial_lr)
-            if self.verbose:
+            if self.verbose and rank() == 0:
                 print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                       f"{self.initial_lr:g}.")
 
