@@ -365,3 +365,14 @@ def test_metric_average_callback_averages_array_metrics(rank, size):
     value = averaged.epoch_logs[0]["per_class"]
     assert value.dtype == np.float32
     np.testing.assert_allclose(value, [mean, 2 * mean, 1.0], rtol=1e-6)
+
+
+def test_the_tensorflow_spelling_takes_horovods_parameters_in_their_order(rank, size):
+    # horovod.tensorflow.DistributedOptimizer(optimizer, name, use_locking,
+    # device_dense, device_sparse, compression, sparse_as_dense,
+    # backward_passes_per_step, op, ...)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), "renamed", True, "", "",
+                                   hvd.Compression.none, False, 2, hvd.Sum)
+    assert isinstance(opt, _DistributedOptimizer) and opt.name == "renamed"
+    assert opt.gradient_accumulation_steps == 2
+    assert opt._hora_reducer.op == hvd.Sum

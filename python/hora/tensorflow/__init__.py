@@ -62,9 +62,27 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, *args: Any,
-                         **kwargs: Any) -> keras.optimizers.Optimizer:
-    """Horovod's TF2 spelling: wraps a Keras optimizer exactly as
-    :func:`hora.tensorflow.keras.DistributedOptimizer` does."""
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                         use_locking: bool = False, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         op: ReduceOp | int = Average, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: int | None = None, process_set: Any = global_process_set,
+                         scale_local_gradients: bool = True, *,
+                         sharding: str | None = None) -> keras.optimizers.Optimizer:
+    """Horovod's ``horovod.tensorflow.DistributedOptimizer``, with its
+    parameters in its order: wraps a Keras optimizer exactly as
+    :func:`hora.tensorflow.keras.DistributedOptimizer` does. ``use_locking``
+    (for TensorFlow 1's ``tf.compat.v1.train.Optimizer``, which hora does not
+    wrap) is accepted and has no effect; ``sharding`` is hora's (only None:
+    sharded training state is PyTorch-only)."""
     from hora.tensorflow.keras import DistributedOptimizer as keras_optimizer
-    return keras_optimizer(optimizer, *args, **kwargs)
+    return keras_optimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+        sharding=sharding)
