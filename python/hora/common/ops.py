@@ -311,15 +311,16 @@ def join() -> int:
     return submission.join()
 
 
-def _pickled(obj: Any) -> tuple[np.ndarray, str | None]:
+def _pickled(obj: Any) -> tuple[np.ndarray, Exception | None]:
     """``obj`` as cloudpickle bytes (as Horovod sends objects: lambdas,
     local functions and classes of ``__main__`` travel too), or, when it
-    cannot be pickled, the reason, for the other ranks to raise with."""
+    cannot be pickled, the reason as bytes, for the other ranks to raise
+    with, and the error itself."""
     import cloudpickle
     try:
         return np.frombuffer(cloudpickle.dumps(obj), np.uint8), None
     except Exception as error:  # noqa: BLE001 - any failure is reported to every rank
-        return np.frombuffer(f"{type(error).__name__}: {error}".encode(), np.uint8), str(error)
+        return np.frombuffer(f"{type(error).__name__}: {error}".encode(), np.uint8), error
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -339,8 +340,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     broadcast_(data, root_rank, name + ".data", process_set=process_set)
     if root:
         if failure is not None:
-            import cloudpickle
-            cloudpickle.dumps(obj)  # raises the root's own error again, with its traceback
+            raise failure  # the root's own error, with its traceback
         return obj
     if header[0]:
         raise pickle.PicklingError(
