@@ -10,7 +10,7 @@ provides the callbacks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hora.common.basics import (
     Adasum, Average, Max, Min, Product, ReduceOp, Sum, build_info, ccl_built, cross_rank,
@@ -31,9 +31,6 @@ from hora.tensorflow.mpi_ops import (
     broadcast_variables, global_process_set, grouped_allgather, grouped_allreduce,
     grouped_reducescatter, join, local_rank_op, local_size_op, process_set_included_op, rank_op,
     reducescatter, remove_process_set, size_op)
-
-if TYPE_CHECKING:
-    import keras
 
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
@@ -62,21 +59,33 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+def DistributedOptimizer(optimizer: Any, name: str | None = None,
                          use_locking: bool = False, device_dense: str = "",
                          device_sparse: str = "", compression: Any = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
                          op: ReduceOp | int = Average, gradient_predivide_factor: float = 1.0,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: int | None = None, process_set: Any = global_process_set,
+                         groups: Any = None, process_set: Any = global_process_set,
                          scale_local_gradients: bool = True, *,
-                         sharding: str | None = None) -> keras.optimizers.Optimizer:
+                         sharding: str | None = None) -> Any:
     """Horovod's ``horovod.tensorflow.DistributedOptimizer``, with its
-    parameters in its order: wraps a Keras optimizer exactly as
-    :func:`hora.tensorflow.keras.DistributedOptimizer` does. ``use_locking``
-    (for TensorFlow 1's ``tf.compat.v1.train.Optimizer``, which hora does not
-    wrap) is accepted and has no effect; ``sharding`` is hora's (only None:
-    sharded training state is PyTorch-only)."""
+    parameters in its order. A TensorFlow 1 optimizer
+    (``tf.compat.v1.train.Optimizer``) is wrapped as Horovod wraps it (see
+    :mod:`hora.tensorflow.legacy_optimizer`; ``use_locking`` is passed to
+    it); a Keras optimizer exactly as by
+    :func:`hora.tensorflow.keras.DistributedOptimizer` (``use_locking`` has
+    no effect there). ``sharding`` is hora's (only None: sharded training
+    state is PyTorch-only)."""
+    from hora.tensorflow.legacy_optimizer import LegacyOptimizer
+
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    if isinstance(optimizer, LegacyOptimizer):
+        return _legacy_optimizer(
+            optimizer, name, use_locking, device_dense, device_sparse, compression,
+            sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+            average_aggregated_gradients, num_groups, groups, process_set,
+            scale_local_gradients, sharding)
     from hora.tensorflow.keras import DistributedOptimizer as keras_optimizer
     return keras_optimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
@@ -86,3 +95,25 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
         sharding=sharding)
+
+
+def _legacy_optimizer(optimizer, name, use_locking, device_dense, device_sparse, compression,
+                      sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+                      average_aggregated_gradients, num_groups, groups, process_set,
+                      scale_local_gradients, sharding):
+    from hora.common.gradient_policy import check_backward_passes, resolve_groups
+    from hora.tensorflow.keras.optimizer import check_keras_sharding
+    from hora.tensorflow.legacy_optimizer import _DistributedOptimizer
+
+    what = f"DistributedOptimizer({type(optimizer).__name__})"
+    check_keras_sharding(sharding)
+    passes = check_backward_passes(backward_passes_per_step, what)
+    # resolved here, so that the num_groups warning points at the caller
+    resolved = resolve_groups(groups, num_groups, what, stacklevel=3)
+    return _DistributedOptimizer(
+        optimizer, name=name, use_locking=use_locking, device_dense=device_dense,
+        device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
+        op=op, gradient_predivide_factor=gradient_predivide_factor,
+        backward_passes_per_step=passes,
+        average_aggregated_gradients=average_aggregated_gradients, groups=resolved,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
