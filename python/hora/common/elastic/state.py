@@ -70,12 +70,18 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Runs the reset callbacks (``hvd.elastic.run`` calls it in every
-        world after the first). Unlike Horovod's, it keeps the host changes
-        heard and not yet acted on: a world re-formed in place has not seen
-        them (those already acted on are older than the last check's)."""
+        """Calls :meth:`reset`, then the reset callbacks (``hvd.elastic.run``
+        calls it in every world after the first). Unlike Horovod's, it keeps
+        the host changes heard and not yet acted on: a world re-formed in
+        place has not seen them (those already acted on are older than the
+        last check's)."""
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
+
+    def reset(self) -> None:
+        """Resets objects and variables after the world changed, before the
+        state is synced (Horovod's hook for subclasses; does nothing)."""
 
     def on_hosts_updated(self, timestamp: float, update_result: Any = None) -> None:
         """Called (on rank 0) when horarun reports a change of hosts;
@@ -259,8 +265,13 @@ class ObjectState(State):
 
     def __init__(self, bcast_object: Callable[..., Any] | None = None,
                  get_rank: Callable[[], int] | None = None, **kwargs: Any):
-        self._saved_state = kwargs
-        self._set_attrs()
+        # the attributes are the objects given (as in Horovod); what is
+        # saved is a copy, so that restore() also undoes changes made to a
+        # mutable object in place, and a commit's background write reads
+        # nothing training changes
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self._saved_state = {name: copy.deepcopy(value) for name, value in kwargs.items()}
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     if TYPE_CHECKING:

@@ -74,7 +74,9 @@ class ElasticSampler(torch.utils.data.Sampler):
         indices = list(self.remaining_indices)
         # padded with the first indices so every rank gets as many
         indices += indices[:self.total_size - len(indices)]
-        return iter(indices[self.rank:self.total_size:self.num_replicas])
+        # this rank's, kept as an attribute as Horovod's sampler does
+        self.indices = indices[self.rank:self.total_size:self.num_replicas]
+        return iter(self.indices)
 
     def __len__(self) -> int:
         return self.num_samples

@@ -1,6 +1,8 @@
 """``TorchState``: models, optimizers and ElasticSamplers among the state's
-attributes are saved, restored and synced with PyTorch's own state dicts;
-the other attributes as picklable objects."""
+attributes are saved, restored and synced with PyTorch's own state dicts,
+through handlers chosen by type from a registry (Horovod's
+``get_handler_registry`` / ``set_handler_registry``, which scripts extend
+with handlers of their own); the other attributes as picklable objects."""
 
 from __future__ import annotations
 
@@ -18,22 +20,58 @@ from hora.torch._collectives import global_process_set
 from hora.torch.sharded_optimizer import _ShardedOptimizer
 
 
-class _ModelState:
+class StateHandler:
+    """Keeps one attribute of a :class:`TorchState` (Horovod's
+    ``StateHandler``): ``save()`` copies ``value``'s state, ``restore()``
+    puts the copy back, ``sync()`` makes every rank's rank 0's (collective),
+    and ``set_value()`` is called when the attribute is given a new
+    object. Register a subclass for a type with
+    :func:`set_handler_registry`."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def save(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement save()")
+
+    def restore(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement restore()")
+
+    def sync(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not implement sync()")
+
+    def set_value(self, value: Any) -> None:
+        self.value = value
+        self.save()
+
+
+class _Captured(StateHandler):
+    """hora's own handlers: ``capture()`` returns the copy ``save()`` keeps
+    as ``saved`` (TorchState takes every handler's before it keeps any, and
+    writes ``saved`` to disk at a commit)."""
+
+    saved: Any
+
+    def save(self) -> None:
+        self.saved = self.capture()
+
+    def capture(self) -> Any:
+        raise NotImplementedError
+
+
+class ModelStateHandler(_Captured):
     """A model's state dict. A model whose parameters a sharded optimizer
     holds (``sharding="parameters"``) is gathered whole for each of these,
     on every rank together (commit, restore and sync are collective)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.value = model
+        super().__init__(model)
         self.saved: dict[str, Any] = {}
         # a process waiting to join an elastic world in place takes no part
         # in collectives (sharded weights are gathered) and takes the
         # world's state when it joins
         if not _C.joining():
             self.save()
-
-    def save(self) -> None:
-        self.saved = self.capture()
 
     def capture(self) -> dict[str, Any]:
         with gathered_model(self.value, writeback=False):
@@ -48,16 +86,15 @@ class _ModelState:
             broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class _StateDictState:
-    """Kept through the value's own ``state_dict`` / ``load_state_dict``."""
+class StateDictHandler(_Captured):
+    """Kept through the value's own ``state_dict`` / ``load_state_dict``,
+    synced by broadcasting rank 0's state dict (learning-rate schedulers and
+    ``torch.amp.GradScaler`` are kept this way)."""
 
     def __init__(self, value: Any):
-        self.value = value
+        super().__init__(value)
         self.saved: dict[str, Any] = {}
         self.save()
-
-    def save(self) -> None:
-        self.saved = self.capture()
 
     def capture(self) -> Any:
         return copy.deepcopy(self.value.state_dict())
@@ -65,8 +102,11 @@ class _StateDictState:
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
 
-class _OptimizerState(_StateDictState):
+
+class OptimizerStateHandler(StateDictHandler):
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
         # a stateful compressor (PowerSGD) starts again in the new world:
@@ -80,19 +120,16 @@ class _OptimizerState(_StateDictState):
             reset()
 
 
-class _ShardedOptimizerState:
+class _ShardedOptimizerState(_Captured):
     """A sharded optimizer's state: every rank keeps its own shard (1/N of
     the state, no communication at commit) and writes it to its host's disk
     as its part of the commit; a new world, of any size, merges the parts
     and each rank keeps its slice of the result."""
 
     def __init__(self, value: Any):
-        self.value = value
+        super().__init__(value)
         self.saved: dict[str, Any] = {}
         self.save()
-
-    def save(self) -> None:
-        self.saved = self.capture()
 
     def capture(self) -> dict[str, Any]:
         return copy.deepcopy(self.value.sharded_state_dict())
@@ -131,9 +168,8 @@ class _ShardedOptimizerState:
 _PARTS = "hora-sharded-parts"
 
 
-class _SamplerState(_StateDictState):
-    def sync(self) -> None:
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+class SamplerStateHandler(StateDictHandler):
+    """An :class:`ElasticSampler`'s epoch and progress."""
 
 
 class _HostTensor:
@@ -186,29 +222,65 @@ def _from_host(value: Any) -> Any:
     return value
 
 
-def _handler(value: Any) -> Any:
-    if isinstance(value, torch.nn.Module):
-        return _ModelState(value)
+_handler_registry: list[tuple[type, type]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+    (torch.optim.lr_scheduler.LRScheduler, StateDictHandler),
+    (torch.amp.GradScaler, StateDictHandler),
+]
+
+
+def get_handler_registry() -> list[tuple[type, type]]:
+    """The ``(type, handler class)`` pairs :class:`TorchState` picks a
+    handler from, first match first (Horovod's function)."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: list[tuple[type, type]]) -> None:
+    """Replaces the registry (Horovod's function); TorchStates made after
+    use it."""
+    global _handler_registry
+    _handler_registry = registry
+
+
+def _handler_class(value: Any) -> type | None:
     if isinstance(value, _ShardedOptimizer) and value._hora_member:
-        return _ShardedOptimizerState(value)
-    if isinstance(value, torch.optim.Optimizer):
-        return _OptimizerState(value)
-    if isinstance(value, ElasticSampler):
-        return _SamplerState(value)
+        return _ShardedOptimizerState
+    for kind, handler in _handler_registry:
+        if isinstance(value, kind):
+            return handler
     return None
+
+
+def _handler(value: Any) -> Any:
+    kind = _handler_class(value)
+    return None if kind is None else kind(value)
+
+
+def _snapshot_of(handler: Any) -> Any:
+    """What a commit writes to disk of ``handler``. For a handler of the
+    script's own: its attributes but the live object (what its ``save()``
+    copied)."""
+    if isinstance(handler, _ShardedOptimizerState):
+        return handler.snapshot()
+    if isinstance(handler, _Captured):
+        return _to_host(handler.saved)
+    return _to_host({k: v for k, v in vars(handler).items() if k != "value"})
 
 
 class TorchState(ObjectState):
     """Elastic state of a PyTorch training loop, Horovod's ``TorchState``:
     ``TorchState(model=model, optimizer=optimizer, epoch=0, batch=0)``. Every
-    keyword becomes an attribute; ``torch.nn.Module``, optimizer and
-    ``ElasticSampler`` values are kept through their state dicts, anything
-    else must be picklable."""
+    keyword becomes an attribute. Values of a type in the handler registry
+    (models, optimizers, ``ElasticSampler``, learning-rate schedulers,
+    ``GradScaler``, and what the script registers) are kept through their
+    handlers; giving such an attribute a new object hands it to the handler
+    (``set_value``), which saves it. Anything else must be picklable."""
 
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
-        kwargs.update({k: v for k, v in (("model", model), ("optimizer", optimizer))
-                       if v is not None})
+        kwargs.update(model=model, optimizer=optimizer)
         self._handlers: dict[str, Any] = {}
         self._part_taken = False  # take_part() saved the shards for the next save()
         plain: dict[str, Any] = {}
@@ -221,14 +293,33 @@ class TorchState(ObjectState):
                 setattr(self, name, value)
         super().__init__(bcast_object=broadcast_object, **plain)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in handlers and name in self.__dict__:
+            handler: Any = handlers[name]
+            kind = _handler_class(value)
+            if kind is None:
+                raise TypeError(f"TorchState: {name} is kept by {type(handler).__name__}; it "
+                                f"cannot become a {type(value).__name__}, which no handler "
+                                f"in the registry keeps")
+            if kind is type(handler):
+                handlers[name].set_value(value)
+            else:  # an optimizer that became sharded, or the like
+                handlers[name] = kind(value)
+        super().__setattr__(name, value)
+
     def save(self) -> None:
         taken, self._part_taken = self._part_taken, False
         # all or nothing: a model held in shards is gathered (collective),
         # and a rank lost meanwhile must leave the last commit whole
         captured = {name: handler.capture() for name, handler in self._handlers.items()
-                    if not (taken and isinstance(handler, _ShardedOptimizerState))}
+                    if isinstance(handler, _Captured)
+                    and not (taken and isinstance(handler, _ShardedOptimizerState))}
         for name, value in captured.items():
             self._handlers[name].saved = value
+        for handler in self._handlers.values():
+            if not isinstance(handler, _Captured):
+                handler.save()
         super().save()
 
     def holds_shards(self) -> bool:
@@ -278,8 +369,7 @@ class TorchState(ObjectState):
 
     def snapshot(self) -> Any:
         return {"objects": self._saved_state,
-                "handlers": {name: h.snapshot() if isinstance(h, _ShardedOptimizerState)
-                             else _to_host(h.saved) for name, h in self._handlers.items()}}
+                "handlers": {name: _snapshot_of(h) for name, h in self._handlers.items()}}
 
     def load_snapshot(self, snapshot: Any) -> None:
         super().load_snapshot(snapshot)
@@ -287,7 +377,12 @@ class TorchState(ObjectState):
             if name not in self._handlers:
                 raise ValueError(f"TorchState: the committed state has {name!r}, which this "
                                  f"state does not (was it created with other arguments?)")
-            self._handlers[name].saved = _from_host(saved)
+            handler = self._handlers[name]
+            if isinstance(handler, _Captured):
+                handler.saved = _from_host(saved)
+            else:
+                for key, value in _from_host(saved).items():
+                    setattr(handler, key, value)
 
     def _sharded(self) -> dict[str, _ShardedOptimizerState]:
         return {name: h for name, h in self._handlers.items()
