@@ -39,6 +39,7 @@ TEST(Config, NothingSetGivesTheDefaults) {
   EXPECT_EQ(config.cycle_time_ms, 0.0);
   EXPECT_EQ(config.cache_capacity, 1024);
   EXPECT_EQ(config.log_level, LogLevel::kWarning);
+  EXPECT_FALSE(config.log_hide_time);
   EXPECT_EQ(config.allreduce_algorithm, AllreduceAlgorithm::kAuto);
   EXPECT_EQ(config.small_allreduce_bytes, 64 * 1024);
   EXPECT_FALSE(config.gpu_hierarchical_allreduce);
@@ -91,6 +92,7 @@ TEST(Config, ReadsTheHoraNames) {
       {"HORA_TIMELINE_QUEUE_EVENTS", "10"},
       {"HORA_HOSTNAME", "node7"},
       {"HORA_LOG_LEVEL", "DEBUG"},
+      {"HORA_LOG_HIDE_TIME", "1"},
   });
   EXPECT_EQ(config.fusion_threshold_bytes, 1048576);
   EXPECT_TRUE(config.fusion_threshold_explicit);
@@ -120,6 +122,7 @@ TEST(Config, ReadsTheHoraNames) {
   EXPECT_EQ(config.timeline_queue_events, 10);
   EXPECT_EQ(config.hostname, "node7");
   EXPECT_EQ(config.log_level, LogLevel::kDebug);
+  EXPECT_TRUE(config.log_hide_time);
 }
 
 TEST(Config, StallCheckIsOffWhenDisabledOrGivenNoTime) {
@@ -165,6 +168,7 @@ TEST(Config, AcceptsTheHorovodAliases) {
       {"HOROVOD_TIMELINE", "hvd.json"},
       {"HOROVOD_TIMELINE_MARK_CYCLES", "1"},
       {"HOROVOD_LOG_LEVEL", "error"},
+      {"HOROVOD_LOG_HIDE_TIME", "1"},
   });
   EXPECT_EQ(config.fusion_threshold_bytes, 2048);
   EXPECT_TRUE(config.fusion_threshold_explicit);
@@ -182,6 +186,7 @@ TEST(Config, AcceptsTheHorovodAliases) {
   EXPECT_EQ(config.timeline_path, "hvd.json");
   EXPECT_TRUE(config.timeline_mark_cycles);
   EXPECT_EQ(config.log_level, LogLevel::kError);
+  EXPECT_TRUE(config.log_hide_time);
   EXPECT_FALSE(Loaded({{"HOROVOD_STALL_CHECK_DISABLE", "1"}}).stall_check);
 }
 
@@ -264,7 +269,7 @@ TEST(Config, AMalformedValueIsAnInvalidArgumentNamingTheVariable) {
        "environment variable HORA_TIMELINE_QUEUE_EVENTS='0' is not a positive integer"},
       {{{"HOROVOD_LOG_LEVEL", "loud"}},
        "environment variable HOROVOD_LOG_LEVEL='loud' is not one of trace, debug, info, warning, "
-       "error, off"},
+       "error, fatal, off"},
   };
   for (const Case& c : cases) {
     const Status status = LoadError(c.env);

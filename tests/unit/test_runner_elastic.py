@@ -27,8 +27,9 @@ def test_elastic_options_turn_on_with_min_np_and_default_max_np_to_np():
 
 
 def test_discovery_without_max_np_takes_every_slot():
+    # and without --min-np needs -np ranks, as in Horovod
     args = cli.parse_args(["-np", "2", "--host-discovery-script", "./d.sh", "python", "t.py"])
-    assert args.elastic.max_np is None and args.elastic.min_np == 1
+    assert args.elastic.max_np is None and args.elastic.min_np == 2
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -519,7 +520,7 @@ def test_a_failing_discovery_script_is_reported_at_once(tmp_path, monkeypatch):
 
 def test_elastic_in_place_turns_on_elastic_mode_and_reaches_the_ranks():
     args = cli.parse_args(["-np", "3", "--elastic-in-place", "python", "train.py"])
-    assert args.elastic.in_place and args.elastic.min_np == 1 and args.elastic.max_np == 3
+    assert args.elastic.in_place and args.elastic.min_np == 3 and args.elastic.max_np == 3
     seen = []
     discovery = elastic.Discovery(None, None, [Host("localhost", 3)])
     elastic.run(args.elastic, discovery,

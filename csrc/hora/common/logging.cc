@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 
 namespace hora {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kWarning)};
 std::atomic<int> g_rank{-1};
+std::atomic<bool> g_time{true};
 
 const char* LevelName(LogLevel level) {
   switch (level) {
@@ -25,6 +28,7 @@ const char* LevelName(LogLevel level) {
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 void SetLogRank(int rank) { g_rank = rank; }
+void SetLogTime(bool shown) { g_time = shown; }
 
 bool ParseLogLevel(const std::string& text, LogLevel* level) {
   std::string lower(text);
@@ -53,7 +57,22 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   const int rank = g_rank.load();
   stream_ << "[hora";
   if (rank >= 0) stream_ << " rank " << rank;
-  stream_ << "] " << LevelName(level_) << " " << base << ":" << line << ": ";
+  stream_ << "] ";
+  if (g_time.load()) {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+        1000000;
+    std::tm local{};
+    localtime_r(&seconds, &local);
+    char when[40];
+    std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &local);
+    char fraction[8];
+    std::snprintf(fraction, sizeof(fraction), ".%06lld", static_cast<long long>(micros));
+    stream_ << when << fraction << " ";
+  }
+  stream_ << LevelName(level_) << " " << base << ":" << line << ": ";
 }
 
 LogMessage::~LogMessage() {

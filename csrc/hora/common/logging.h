@@ -1,6 +1,7 @@
 #pragma once
 // Minimal leveled logging to stderr. Every line carries the rank, because
-// with several ranks writing to one terminal a line without it is useless.
+// with several ranks writing to one terminal a line without it is useless,
+// and the time (to the microsecond, as Horovod's) unless hidden.
 #include <sstream>
 #include <string>
 
@@ -11,6 +12,7 @@ enum class LogLevel { kTrace = 0, kDebug = 1, kInfo = 2, kWarning = 3, kError = 
 void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
 void SetLogRank(int rank);
+void SetLogTime(bool shown);
 bool ParseLogLevel(const std::string& text, LogLevel* level);
 
 class LogMessage {

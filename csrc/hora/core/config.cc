@@ -178,8 +178,10 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   result.elastic_joiner = Find(lookup, "HORA_ELASTIC_JOINER_ID", nullptr).value != nullptr;
   const Source level = Find(lookup, "HORA_LOG_LEVEL", "HOROVOD_LOG_LEVEL");
   if (level.value != nullptr && !ParseLogLevel(level.value, &result.log_level)) {
-    return Invalid(level, "one of trace, debug, info, warning, error, off");
+    return Invalid(level, "one of trace, debug, info, warning, error, fatal, off");
   }
+  HORA_RETURN_IF_ERROR(
+      ReadBool(Find(lookup, "HORA_LOG_HIDE_TIME", "HOROVOD_LOG_HIDE_TIME"), &result.log_hide_time));
   *config = result;
   return Status::OK();
 }

@@ -21,6 +21,8 @@ struct Config {
   double cycle_time_ms = 0.0;
   int64_t cache_capacity = 1024;
   LogLevel log_level = LogLevel::kWarning;
+  // HORA_LOG_HIDE_TIME: log lines without the time.
+  bool log_hide_time = false;
   // Parsed once from HORA_ALLREDUCE_ALGORITHM (see common/collective.h).
   AllreduceAlgorithm allreduce_algorithm = AllreduceAlgorithm::kAuto;
   // "auto": allreduces up to this many bytes use MPI's latency-optimal one.

@@ -109,6 +109,7 @@ Status Init(const InitOptions& options) {
   Config config;
   HORA_RETURN_IF_ERROR(Config::FromEnvironment(&config));
   SetLogLevel(config.log_level);
+  SetLogTime(!config.log_hide_time);
   g_finalize_grace_seconds = config.finalize_grace_seconds;
   if (options.dynamic_process_sets) config.dynamic_process_sets = true;
   MpiWorldOptions world;

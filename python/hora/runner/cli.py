@@ -11,14 +11,32 @@ import shutil
 import sys
 import tempfile
 
-from hora.runner import check_build, elastic, hosts, supervise
+from hora.runner import check_build, config_file, elastic, hosts, supervise
 from hora.runner.mpi_command import (
     OPEN_MPI, LaunchSpec, MpiError, build_mpirun_args, built_mpi_bin_dir, describe_version,
     find_mpirun, forwarded_env_names, pypi_mpirun, query_flavour, query_version_text,
     in_place_mpi_args, ulfm_capable, usable_cores)
 
 DEFAULT_START_TIMEOUT_S = 60.0
-_LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "off")
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+_LOG_LEVELS = config_file.LOG_LEVELS
+
+# Horovod's options that hora takes but that change nothing here, with why
+# (horarun says so when one is given).
+_NO_EFFECT = {
+    "disable_cache": "horarun keeps no cache of start-up checks",
+    "hierarchical_allgather": "hora has no hierarchical allgather",
+    "torus_allreduce": "hora has no torus allreduce",
+    "autotune_steps_per_sample": "hora's autotuner samples by time (HORA_AUTOTUNE_SAMPLE_SECONDS)",
+    "autotune_bayes_opt_max_samples": "hora's autotuner is not a Bayesian optimizer",
+    "autotune_gaussian_process_noise": "hora's autotuner is not a Bayesian optimizer",
+    "mpi_threads_disable": "hora's engine thread needs MPI_THREAD_MULTIPLE",
+    "num_nccl_streams": "hora uses one NCCL stream per device",
+    "thread_affinity": "hora does not pin its engine thread",
+    "gloo_timeout_seconds": "hora has no Gloo controller",
+    "tcp_flag": "over MPI the transport is mpirun's choice (--mpi-args picks it); "
+                "--transport tcp is hora's own TCP transport",
+}
 
 
 def _number(kind, minimum, expected):
@@ -55,18 +73,25 @@ def build_parser():
         # Abbreviations could silently match an option meant for the command.
         allow_abbrev=False,
     )
+    parser.add_argument("-v", "--version", action="version", version=_version(),
+                        help="print hora's version and exit")
     parser.add_argument("-np", "--num-proc", dest="num_proc", metavar="N", type=_positive_int,
-                        help="number of ranks to start (required unless --check-build)")
-    parser.add_argument("--check-build", action="store_true",
+                        help="number of ranks to start (required unless --check-build); in "
+                             "elastic mode, the ranks needed before training starts")
+    parser.add_argument("-cb", "--check-build", action="store_true",
                         help="print what this install of hora can do (frameworks, MPI, CUDA, "
                              "NCCL) and why anything is missing, then exit")
+    parser.add_argument("--config-file", metavar="FILE",
+                        help="Horovod's YAML configuration file (sections params, autotune, "
+                             "timeline, stall_check, library_options, logging); options given "
+                             "on the command line win")
     where = parser.add_argument_group(
         "where the ranks run (default: this machine, one slot per core)")
     where = where.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
                        help="hosts and how many ranks each takes, e.g. node1:4,node2:4 "
                             "(a host without :N has one slot)")
-    where.add_argument("--hostfile", metavar="FILE",
+    where.add_argument("-hostfile", "--hostfile", metavar="FILE",
                        help="a file with one host per line as 'host slots=N' or 'host:N'; "
                             "'#' starts a comment")
     transport = parser.add_argument_group("transport")
@@ -76,6 +101,10 @@ def build_parser():
                                 "own TCP transport, with no MPI runtime (with "
                                 "--elastic-in-place, the others go on in place even when a "
                                 "whole host is lost)")
+    transport.add_argument("--mpi", action="store_true", dest="use_mpi",
+                           help="launch through mpirun (Horovod's flag; the default)")
+    transport.add_argument("--tcp", action="store_true", dest="tcp_flag",
+                           help="Horovod's flag; no effect here (see --transport)")
     transport.add_argument("--remote-shell", metavar="CMD", default="ssh",
                            help="with --transport tcp: how horarun starts ranks on other hosts "
                                 "(run as CMD HOST COMMAND...; default ssh)")
@@ -93,14 +122,16 @@ def build_parser():
                           "VALUE); HORA_*, HOROVOD_*, PATH, PYTHONPATH and LD_LIBRARY_PATH "
                           "always are")
     mpi.add_argument("--start-timeout", metavar="S", type=_non_negative(float),
-                     default=DEFAULT_START_TIMEOUT_S,
                      help=f"stop the job if not every rank has started within S seconds "
-                          f"(default {DEFAULT_START_TIMEOUT_S:g}; 0 waits for ever)")
+                          f"(default: HORA_START_TIMEOUT or HOROVOD_START_TIMEOUT, else "
+                          f"{DEFAULT_START_TIMEOUT_S:g}; 0 waits for ever)")
     out = parser.add_argument_group("output")
     out.add_argument("--output-filename", metavar="DIR",
                      help="write each rank's stdout and stderr to DIR/rank.N/stdout and "
                           "DIR/rank.N/stderr (on the host the rank runs on) instead of "
                           "printing them with a [rank] prefix")
+    out.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
+                     help="put the date and time before each line of the ranks' output")
     out.add_argument("--verbose", action="store_true",
                      help="print the mpirun command before running it")
     tuning = parser.add_argument_group("engine settings (the same as the HORA_* variables)")
@@ -113,22 +144,60 @@ def build_parser():
     tuning.add_argument("--cache-capacity", type=_non_negative(int), metavar="N",
                         help="entries in the response cache (HORA_CACHE_CAPACITY; default 1024; "
                              "0 turns it off)")
-    tuning.add_argument("--log-level", choices=_LOG_LEVELS,
-                        help="the engine's log level (HORA_LOG_LEVEL; default warning)")
-    tuning.add_argument("--autotune", action="store_true",
+    tuning.add_argument("--log-level", choices=_LOG_LEVELS, type=str.lower,
+                        help="the engine's log level, in either case (HORA_LOG_LEVEL; default "
+                             "warning)")
+    tuning.add_argument("--hierarchical-allreduce", action="store_true", default=None,
+                        help="GPU allreduce within each host over NCCL, then across hosts "
+                             "(HORA_HIERARCHICAL_ALLREDUCE=1)")
+    tuning.add_argument("--no-hierarchical-allreduce", action="store_false",
+                        dest="hierarchical_allreduce", help=argparse.SUPPRESS)
+    tuning.add_argument("--autotune", action="store_true", default=None,
                         help="let rank 0 tune the fusion threshold and cycle time while the job "
                              "runs (HORA_AUTOTUNE=1); settings given explicitly stay fixed")
+    tuning.add_argument("--no-autotune", action="store_false", dest="autotune",
+                        help=argparse.SUPPRESS)
     tuning.add_argument("--autotune-log-file", metavar="FILE",
                         help="record every autotuning sample in this CSV file (HORA_AUTOTUNE_LOG)")
+    tuning.add_argument("--autotune-warmup-samples", type=_non_negative(int), metavar="N",
+                        help="samples the autotuner discards at the start "
+                             "(HORA_AUTOTUNE_WARMUP_SAMPLES)")
+    ignored = parser.add_argument_group(
+        "Horovod options that change nothing in hora (accepted, so that command lines keep "
+        "working; horarun says why when one is given)")
+    ignored.add_argument("--disable-cache", action="store_true", default=None,
+                         help=_NO_EFFECT["disable_cache"])
+    for flag in ("hierarchical-allgather", "torus-allreduce", "mpi-threads-disable"):
+        dest = flag.replace("-", "_")
+        ignored.add_argument(f"--{flag}", action="store_true", dest=dest, default=None,
+                             help=_NO_EFFECT[dest])
+        ignored.add_argument(f"--no-{flag}", action="store_false", dest=dest,
+                             help=argparse.SUPPRESS)
+    for flag, kind in (("autotune-steps-per-sample", int), ("autotune-bayes-opt-max-samples", int),
+                       ("autotune-gaussian-process-noise", float), ("num-nccl-streams", int),
+                       ("thread-affinity", int), ("gloo-timeout-seconds", int)):
+        ignored.add_argument(f"--{flag}", type=_non_negative(kind), metavar="N",
+                             help=_NO_EFFECT[flag.replace("-", "_")])
+    tuning.add_argument("--log-without-timestamp", action="store_false", default=None,
+                        dest="log_with_timestamp",
+                        help="the engine's log lines without the time (HORA_LOG_HIDE_TIME=1)")
+    for flag, shown in (("--log-with-timestamp", True), ("--log-hide-timestamp", False),
+                        ("--no-log-hide-timestamp", True)):
+        tuning.add_argument(flag, action="store_true" if shown else "store_false",
+                            dest="log_with_timestamp", help=argparse.SUPPRESS)
     seeing = parser.add_argument_group("seeing inside the job")
     seeing.add_argument("--timeline-filename", metavar="FILE",
                         help="rank 0 writes a Chrome-trace timeline of every collective to FILE "
                              "(HORA_TIMELINE); read it with python -m hora.timeline summarize")
-    seeing.add_argument("--timeline-mark-cycles", action="store_true",
+    seeing.add_argument("--timeline-mark-cycles", action="store_true", default=None,
                         help="mark every engine cycle in the timeline (HORA_TIMELINE_MARK_CYCLES)")
-    seeing.add_argument("--no-stall-check", action="store_true",
+    seeing.add_argument("--no-timeline-mark-cycles", action="store_false",
+                        dest="timeline_mark_cycles", help=argparse.SUPPRESS)
+    seeing.add_argument("--no-stall-check", action="store_true", default=None,
                         help="do not report collectives that some ranks never submit "
                              "(HORA_STALL_CHECK_DISABLE=1)")
+    seeing.add_argument("--stall-check", action="store_false", dest="no_stall_check",
+                        help=argparse.SUPPRESS)
     seeing.add_argument("--stall-check-warning-time-seconds", type=_non_negative(float),
                         metavar="S",
                         help="report a collective that some ranks have submitted and others "
@@ -139,12 +208,14 @@ def build_parser():
                              "(HORA_STALL_SHUTDOWN_TIME_SECONDS; default 0: never)")
     elastic = parser.add_argument_group(
         "elastic training (hvd.elastic.run): the job is launched again after a lost rank or a "
-        "change of hosts, and resumes from its last commit")
-    elastic.add_argument("--min-np", type=_positive_int, metavar="N",
-                         help="fewest ranks to train with; turns on elastic mode")
-    elastic.add_argument("--max-np", type=_positive_int, metavar="N",
+        "change of hosts, and resumes from its last commit; --min-np, "
+        "--host-discovery-script or --elastic-in-place turns it on")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_positive_int,
+                         metavar="N", help="fewest ranks to train with (default: -np)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
+                         metavar="N",
                          help="most ranks to train with (default: -np without discovery, "
-                              "every slot discovery finds with it); turns on elastic mode")
+                              "every slot discovery finds with it)")
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
                          help="executable printing the usable hosts, one 'host:slots' (or "
                               "'host') per line; run every second; turns on elastic mode")
@@ -171,23 +242,23 @@ def build_parser():
                          help="with --elastic-in-place: go on with the ranks that are left, "
                               "starting no replacements")
     elastic.add_argument("--elastic-timeout", type=_non_negative(float), metavar="S",
-                         default=600.0,
-                         help="how long to wait for --min-np slots before giving up "
-                              "(default 600)")
+                         help=f"how long to wait for --min-np slots before giving up "
+                              f"(default: HORA_ELASTIC_TIMEOUT or HOROVOD_ELASTIC_TIMEOUT, else "
+                              f"{DEFAULT_ELASTIC_TIMEOUT_S:g})")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, run once per rank")
     return parser
 
 
-# Options that take a value, and among them those whose value is itself a
-# list of mpirun options (argparse would take "--mpi-args --foo" for two
-# options of ours).
-_VALUE_OPTIONS = {"-np", "--num-proc", "-H", "--hosts", "--hostfile", "--mpi-args",
-                  "--transport", "--remote-shell",
-                  "--binding-args", "-x", "--start-timeout", "--output-filename",
-                  "--fusion-threshold-mb", "--cycle-time-ms", "--cache-capacity", "--log-level",
-                  "--timeline-filename", "--stall-check-warning-time-seconds",
-                  "--autotune-log-file", "--stall-check-shutdown-time-seconds"}
+# Options that take a value (argparse would take "--mpi-args --foo" for two
+# options of ours, so their value is attached), from the parser itself.
+def _value_options():
+    """{option: how many values it takes}."""
+    return {option: action.nargs if isinstance(action.nargs, int) else 1
+            for action in build_parser()._actions
+            if action.option_strings and action.nargs != 0 for option in action.option_strings}
+
+
 _ARGS_OPTIONS = {"--mpi-args", "--binding-args"}
 
 
@@ -195,6 +266,7 @@ def _attach_args_values(argv):
     """Rewrites ``--mpi-args "--x y"`` as ``--mpi-args=--x y`` in horarun's own
     options (never in the command's)."""
     argv = list(argv)
+    value_options = _value_options()
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -203,14 +275,38 @@ def _attach_args_values(argv):
         if token in _ARGS_OPTIONS and i + 1 < len(argv):
             argv[i:i + 2] = [f"{token}={argv[i + 1]}"]
             i += 1
-        elif token in _VALUE_OPTIONS:
-            i += 2
+        elif token in value_options:
+            i += 1 + value_options[token]
         else:
             i += 1
     return argv
 
 
-def parse_args(argv=None):
+def _version():
+    try:
+        from importlib.metadata import version
+        return f"hora {version('hora')}"
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "hora (version unknown: not installed as a package)"
+
+
+def _env_seconds(env, names, default, parser):
+    """The first of ``names`` set in ``env``, as seconds; else ``default``."""
+    for name in names:
+        text = env.get(name)
+        if text:
+            try:
+                value = float(text)
+            except ValueError:
+                value = -1.0
+            if value < 0:
+                parser.error(f"{name}={text!r}: expected a number of seconds")
+            return value
+    return default
+
+
+def parse_args(argv=None, env=None):
+    env = os.environ if env is None else env
     parser = build_parser()
     args = parser.parse_args(_attach_args_values(sys.argv[1:] if argv is None else argv))
     command = list(args.command)
@@ -220,10 +316,27 @@ def parse_args(argv=None):
     args.command = command
     if args.check_build:
         return args
+    if args.config_file is not None:
+        try:
+            config_file.apply(args, config_file.load(args.config_file))
+        except config_file.ConfigError as exc:
+            parser.error(str(exc))
     if args.num_proc is None:
         parser.error("the number of ranks is required: -np N")
     if not command:
         parser.error("missing the command to run, for example: horarun -np 2 python train.py")
+    if args.start_timeout is None:
+        args.start_timeout = _env_seconds(env, ("HORA_START_TIMEOUT", "HOROVOD_START_TIMEOUT"),
+                                          DEFAULT_START_TIMEOUT_S, parser)
+    if args.elastic_timeout is None:
+        args.elastic_timeout = _env_seconds(
+            env, ("HORA_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"), DEFAULT_ELASTIC_TIMEOUT_S,
+            parser)
+    if args.use_mpi and args.transport == "tcp":
+        parser.error("--mpi and --transport tcp: choose one")
+    args.notes = [f"horarun: --{'tcp' if name == 'tcp_flag' else name.replace('_', '-')} has "
+                  f"no effect in hora: {why}" for name, why in _NO_EFFECT.items()
+                  if getattr(args, name) not in (None, False)]
     try:
         args.mpi_args = shlex.split(args.mpi_args)
         args.binding_args = None if args.binding_args is None else shlex.split(args.binding_args)
@@ -235,9 +348,11 @@ def parse_args(argv=None):
     except hosts.HostError as exc:
         parser.error(str(exc))
     args.elastic = None
-    if (args.min_np is not None or args.max_np is not None
-            or args.host_discovery_script is not None or args.elastic_in_place):
-        min_np = args.min_np or 1
+    # elastic as in Horovod: --min-np or a discovery script (and hora's
+    # --elastic-in-place); the fewest ranks default to -np
+    if (args.min_np is not None or args.host_discovery_script is not None
+            or args.elastic_in_place):
+        min_np = args.num_proc if args.min_np is None else args.min_np
         max_np = args.max_np
         if max_np is None and args.host_discovery_script is None:
             max_np = args.num_proc
@@ -254,12 +369,19 @@ def parse_args(argv=None):
             cooldown_range=None if cooldown is None else tuple(cooldown),
             elastic_timeout=args.elastic_timeout, supervisor_address=args.supervisor_address,
             in_place=args.elastic_in_place, replace=not args.no_replace)
+    elif args.max_np is not None:
+        args.notes.append("horarun: --max-np has no effect without --min-np or "
+                          "--host-discovery-script (as in Horovod): the job is not elastic")
     for item in args.env:
         name = item.partition("=")[0]
         if not name or not (name[0].isalpha() or name[0] == "_") or \
                 not all(c.isalnum() or c == "_" for c in name):
             parser.error(f"-x {item!r}: not a valid environment variable name")
     return args
+
+
+def _flag(value):
+    return None if value is None else ("1" if value else "0")
 
 
 def job_environment(args, env):
@@ -272,17 +394,23 @@ def job_environment(args, env):
         "HORA_CYCLE_TIME_MS": None if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}",
         "HORA_CACHE_CAPACITY": None if args.cache_capacity is None else str(args.cache_capacity),
         "HORA_LOG_LEVEL": args.log_level,
-        "HORA_AUTOTUNE": "1" if args.autotune else None,
+        "HORA_HIERARCHICAL_ALLREDUCE": _flag(args.hierarchical_allreduce),
+        "HORA_AUTOTUNE": _flag(args.autotune),
+        "HORA_AUTOTUNE_WARMUP_SAMPLES": None if args.autotune_warmup_samples is None
+        else str(args.autotune_warmup_samples),
         "HORA_AUTOTUNE_LOG": os.path.abspath(args.autotune_log_file) if args.autotune_log_file
         else None,
         "HORA_TIMELINE": (os.path.abspath(args.timeline_filename) if args.timeline_filename
                           else None),
-        "HORA_TIMELINE_MARK_CYCLES": "1" if args.timeline_mark_cycles else None,
-        "HORA_STALL_CHECK_DISABLE": "1" if args.no_stall_check else None,
+        "HORA_TIMELINE_MARK_CYCLES": _flag(args.timeline_mark_cycles),
+        "HORA_STALL_CHECK_DISABLE": _flag(args.no_stall_check),
         "HORA_STALL_CHECK_TIME_SECONDS": None if args.stall_check_warning_time_seconds is None
         else f"{args.stall_check_warning_time_seconds:g}",
         "HORA_STALL_SHUTDOWN_TIME_SECONDS": None if args.stall_check_shutdown_time_seconds is None
         else f"{args.stall_check_shutdown_time_seconds:g}",
+        "HORA_LOG_HIDE_TIME": None if args.log_with_timestamp is None
+        else ("0" if args.log_with_timestamp else "1"),
+        "HORA_PREFIX_OUTPUT_TIMESTAMP": "1" if args.prefix_output_with_timestamp else None,
     }
     env.update({name: value for name, value in settings.items() if value is not None})
     extra = []
@@ -360,6 +488,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.check_build:
         return check_build.main()
+    for note in args.notes:
+        _log(note)
     tcp = args.transport == "tcp"
     try:
         if tcp:

@@ -129,12 +129,18 @@ def rank_env(rank, size, local_rank, local_size):
     return env
 
 
-def relay(source, sink, prefix):
-    """Copy ``source`` to ``sink`` as bytes, putting ``prefix`` before each line.
+def relay(source, sink, prefix, stamped=False):
+    """Copy ``source`` to ``sink`` as bytes, putting ``prefix`` before each line
+    (and, when ``stamped``, the date and time before that).
 
     A line is only written once it is complete, and in a single write, so that
     lines from different ranks never get spliced together mid-line.
     """
+    def head():
+        if not stamped:
+            return prefix
+        return time.strftime("%a %b %d %H:%M:%S %Y ").encode() + prefix
+
     pending = b""
     while True:
         chunk = source.read1(65536)
@@ -143,11 +149,12 @@ def relay(source, sink, prefix):
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
         if lines:
-            sink = _write(sink, b"".join(prefix + line + b"\n" for line in lines))
+            start = head()
+            sink = _write(sink, b"".join(start + line + b"\n" for line in lines))
     if pending:
         # Terminate the last partial line: otherwise the next rank's output
         # would be glued onto it.
-        _write(sink, prefix + pending + b"\n")
+        _write(sink, head() + pending + b"\n")
 
 
 def _write(sink, data):
@@ -292,6 +299,8 @@ def main(argv=None):
         kind = "new" if is_new_slot(os.environ, *place[:2]) else "replacement"
         rank, place = joiner
     prefix = f"[{rank}] ".encode()
+    # horarun --prefix-output-with-timestamp
+    stamped = os.environ.get("HORA_PREFIX_OUTPUT_TIMESTAMP") == "1"
     host = host_name()
     _write(sys.stdout.buffer, markers.encode(markers.Marker("started", rank, host, kind)))
 
@@ -358,9 +367,11 @@ def main(argv=None):
     relays = []
     if not files:
         relays = [
-            threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix),
+            threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer, prefix,
+                                                 stamped),
                              daemon=True),
-            threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix),
+            threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer, prefix,
+                                                 stamped),
                              daemon=True),
         ]
     for thread in relays:
