@@ -83,6 +83,27 @@ def test_num_proc_defaults_to_the_default_parallelism_and_kwargs_arrive(spark):
     assert results == [(rank, 3, "x") for rank in range(spark.sparkContext.defaultParallelism)]
 
 
+def test_horovods_arguments_in_horovods_order(spark):
+    import io
+    import sys
+
+    def fn(a):
+        print(f"rank says {a}")
+        return os.environ["HORA_RANK"]
+    out = io.StringIO()
+    # fn, args, kwargs, num_proc, start_timeout, use_mpi, use_gloo, extra_mpi_args, env,
+    # stdout, stderr, verbose, nics, prefix_output_with_timestamp, executable
+    results = hora.spark.run(fn, (5,), {}, 2, 120, True, None, None, None, out, None, 0, None,
+                             True, sys.executable)
+    assert results == ["0", "1"]
+    lines = [line for line in out.getvalue().splitlines() if "rank says 5" in line]
+    # "Sun Nov 29 20:31:02 2026 [0] rank says 5"
+    assert len(lines) == 2 and all(len(line.split(" [")[0].split()) == 5 for line in lines), \
+        out.getvalue()
+    with pytest.raises(ValueError, match="hora has no Gloo controller"):
+        hora.spark.run(fn, (5,), num_proc=2, use_gloo=True)
+
+
 def test_ranks_run_inside_spark_tasks_not_under_the_driver(spark):
     chains = hora.spark.run(ancestors_cmdlines, num_proc=2, verbose=0)
     for chain in chains:

@@ -77,7 +77,8 @@ class MpiJob:
     """``horarun`` over the task hosts, with the given rank program."""
 
     def __init__(self, driver, groups, mode, *, env=None, extra_mpi_args=None, nics=None,
-                 stdout=None, stderr=None, verbose=1, start_timeout=60.0, log=print):
+                 stdout=None, stderr=None, verbose=1, start_timeout=60.0, log=print,
+                 prefix_output_with_timestamp=False, executable=None):
         self._scratch = tempfile.TemporaryDirectory(prefix="hora-cluster-")
         agent = _write_agent(self._scratch.name)
         mpi_args, launcher_option = _agent_options(agent)
@@ -97,7 +98,10 @@ class MpiJob:
                         "-H", host_string, "--binding-args", "--bind-to none", *forwarded,
                         "--mpi-args", shlex.join(mpi_args),
                         "--start-timeout", f"{start_timeout:g}",
-                        "--", sys.executable, "-m", "hora.cluster.rank_main", mode]
+                        *(["--prefix-output-with-timestamp"] if prefix_output_with_timestamp
+                          else []),
+                        "--", executable or sys.executable, "-m", "hora.cluster.rank_main",
+                        mode]
         job_env = dict(os.environ)
         job_env.update({str(k): str(v) for k, v in (env or {}).items()})
         job_env[channel.DRIVER_ENV] = channel.format_address(driver.address)

@@ -79,27 +79,41 @@ def _active_context():
     return sc
 
 
-def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, stdout=None,
-        stderr=None, verbose=1, nics=None, extra_mpi_args=None):
+def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=None,
+        use_gloo=None, extra_mpi_args=None, env=None, stdout=None, stderr=None, verbose=1,
+        nics=None, prefix_output_with_timestamp=False, executable=None):
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks inside Spark tasks of
     the active SparkContext and return its results, in rank order.
 
     ``num_proc`` defaults to the context's default parallelism.
-    ``start_timeout`` (default HORA_SPARK_START_TIMEOUT or 600 s) bounds how
-    long the tasks may take to start. ``env`` adds variables to the ranks'
+    The parameters are Horovod's, in its order. ``start_timeout`` (default
+    HORA_SPARK_START_TIMEOUT, HOROVOD_SPARK_START_TIMEOUT or 600 s) bounds how
+    long the tasks may take to start. The ranks talk over MPI: ``use_mpi``
+    may be True or None, and ``use_gloo=True`` raises ``ValueError`` (hora
+    has no Gloo controller). ``env`` adds variables to the ranks'
     environment; ``stdout``/``stderr`` receive the ranks' output (default:
-    this process's). ``nics`` restricts MPI to those interfaces;
-    ``extra_mpi_args`` go to mpirun. Raises :class:`hora.spark.JobError`
+    this process's), with the date and time before each line when
+    ``prefix_output_with_timestamp``. ``nics`` restricts MPI to those
+    interfaces; ``extra_mpi_args`` go to mpirun; ``executable`` is the Python
+    the ranks run (default: this one's). Raises :class:`hora.spark.JobError`
     naming the rank and host when a rank raises, a task fails or the tasks do
     not all start; nothing of the job is left running.
     """
+    if use_gloo:
+        raise ValueError("hora.spark.run: use_gloo=True: hora has no Gloo controller; its ranks "
+                         "talk over MPI (leave use_gloo unset)")
+    if use_mpi is not None and not use_mpi:
+        raise ValueError("hora.spark.run: use_mpi=False: hora's ranks talk over MPI (leave "
+                         "use_mpi unset)")
     sc = _active_context()
     kwargs = {} if kwargs is None else kwargs
     num_proc = sc.defaultParallelism if num_proc is None else int(num_proc)
     if num_proc < 1:
         raise ValueError(f"hora.spark.run: num_proc must be at least 1, got {num_proc}")
     if start_timeout is None:
-        start_timeout = float(os.environ.get(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT_S))
+        start_timeout = float(os.environ.get(START_TIMEOUT_ENV) or
+                              os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or
+                              DEFAULT_START_TIMEOUT_S)
 
     def log(text):
         if verbose >= 1:
@@ -131,7 +145,9 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, s
             f"running {num_proc} ranks")
         job = MpiJob(driver, groups, "run", env=env, extra_mpi_args=extra_mpi_args, nics=nics,
                      stdout=stdout, stderr=stderr, verbose=verbose,
-                     start_timeout=max(start_timeout, 60.0), log=log)
+                     start_timeout=max(start_timeout, 60.0), log=log,
+                     prefix_output_with_timestamp=prefix_output_with_timestamp,
+                     executable=executable)
         code = None
         while code is None:
             code = job.wait(0.2)
