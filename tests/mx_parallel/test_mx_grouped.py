@@ -179,8 +179,6 @@ def test_bad_arguments_raise_at_once(rank, size):
             fn([x.tostype("row_sparse")])
         with pytest.raises(TypeError, match=rf"{what} \(array 0\): dtype bool is not supported"):
             fn([mx.nd.ones((2,), dtype="bool")])
-        with pytest.raises(TypeError, match=f"{what}: name must be a str"):
-            fn([x], name=3)
         with pytest.raises(TypeError, match=f"{what}: process_set must be one of hora's"):
             fn([x], process_set=object())
         with pytest.raises(ValueError, match="is not registered"):

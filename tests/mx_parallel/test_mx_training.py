@@ -151,6 +151,64 @@ def test_broadcast_parameters_of_a_dict_and_errors(rank, size):
                                gradient_predivide_factor=0)
 
 
+def test_broadcast_parameters_of_a_dict_of_parameters(rank, size):
+    """dict(net.collect_params()) (MXNet 2's collect_params returns a dict):
+    Parameter values, a deferred one included, as Horovod takes them; and
+    a deferred parameter initialized again is broadcast again."""
+    mx.random.seed(200 + rank)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(3, in_units=2), gluon.nn.Dense(2))  # the second one deferred
+    net.initialize(mx.init.Uniform())
+    hvd.broadcast_parameters(dict(net.collect_params()), root_rank=0, prefix="plain.")
+    net(mx.nd.ones((1, 2)))
+    first = weights(net)
+    assert_same_on_every_rank(first)
+    mx.random.seed(300 + rank)
+    net.initialize(mx.init.Uniform(), force_reinit=True)
+    again = weights(net)
+    everyone = hvd.allgather_object(again)
+    # the deferred layer's weight and bias came from rank 0 again; the
+    # other layer's were not (nothing hooks an initialized parameter)
+    names = sorted(net.collect_params().keys())
+    deferred = [names.index(net[1].weight.name), names.index(net[1].bias.name)]
+    for other in everyone:
+        for i in deferred:
+            np.testing.assert_array_equal(other[i], everyone[0][i])
+
+
+def test_horovods_private_names(rank, size):
+    calls = []
+
+    class Counting(hvd.DistributedOptimizer):
+        def _do_allreduce(self, index, grad):
+            calls.append(index)
+            super()._do_allreduce(index, grad)
+
+    optimizer = Counting(mx.optimizer.SGD(learning_rate=1.0))
+    weight, grad = mx.nd.zeros((2,)), mx.nd.ones((2,)) * (rank + 1)
+    optimizer.update(0, weight, grad, optimizer.create_state(0, weight))
+    assert calls == [0]
+    mean = sum(r + 1 for r in range(size)) / size
+    np.testing.assert_allclose(weight.asnumpy(), [-mean, -mean])
+    trainer = hvd.DistributedTrainer(make_net(0).collect_params(), "sgd", prefix="p.",
+                                     gradient_predivide_factor=2.0, num_groups=1)
+    assert (trainer._prefix, trainer._gradient_predivide_factor, trainer._num_groups) == \
+        ("p.", 2.0, 1)
+    assert trainer._compression is hvd.Compression.none
+    assert trainer._process_set is hvd.global_process_set
+
+
+def test_a_name_that_is_not_a_string_counts_as_none(rank, size):
+    # Horovod's MXNet ops take any name and use only strings
+    total = hvd.allreduce(mx.nd.ones((2,)) * (rank + 1), name=7, op=hvd.Sum)
+    assert total.asnumpy().tolist() == [sum(range(1, size + 1))] * 2
+    gathered = hvd.grouped_allgather([mx.nd.ones((1,)) * rank], name=("a", 1))
+    assert gathered[0].asnumpy().tolist() == list(range(size))
+    from hora.mxnet import mpi_ops
+    assert mpi_ops.rank() == rank and mpi_ops.size() == size and mpi_ops.is_initialized()
+    assert mpi_ops.handle_average_backwards_compatibility(None, None) == hvd.Average
+
+
 def test_plain_trainer_with_distributed_optimizer(rank, size):
     # the Horovod pattern gluon.Trainer(params, hvd.DistributedOptimizer(opt)):
     # the trainer's rescale_grad must reach the wrapped optimizer

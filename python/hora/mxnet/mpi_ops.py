@@ -19,7 +19,11 @@ only, which alone call it; Average divides by the set's size, results come
 in the set's rank order, alltoall splits have one entry per member,
 ``root_rank`` stays a global rank (one of the set's), and unnamed calls are
 matched by call order within each set. A rank outside the set, or a set
-that is not registered, gets ``ValueError``.
+that is not registered, gets ``ValueError``. As in Horovod, a ``name`` that
+is not a string counts as no name.
+
+The runtime functions (``init``, ``rank``, ``size``, ...) and the reduce
+ops are importable from here too, as from Horovod's ``mxnet.mpi_ops``.
 """
 
 from __future__ import annotations
@@ -34,12 +38,27 @@ from hora.common._adapter.handles import Handle, synchronize
 from hora.common._adapter.naming import check_name, group_names
 from hora.common._adapter.submission import KIND_ALLGATHER, KIND_REDUCESCATTER, submit_arrays
 from hora.common._adapter.checks import check_root, check_splits, op_value, resolve_op
-from hora.common.basics import Average, ReduceOp, Sum  # noqa: F401 (re-exported by hora.mxnet)
+from hora.common.basics import (  # noqa: F401 (Horovod's mxnet.mpi_ops has them)
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, cross_rank, cross_size, init,
+    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, shutdown, size)
 from hora.common._adapter.checks import process_set_id  # noqa: F401 (as below)
 from hora.common.process_sets import (  # noqa: F401 (Horovod's mxnet.mpi_ops has them)
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from hora.mxnet._arrays import SUPPORTED_DTYPES  # noqa: F401 (public here since the start)
 from hora.mxnet._arrays import Memory, check_array, check_arrays, set_object
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper: the reduce op from ``op`` and the deprecated
+    ``average`` (Average when neither is given)."""
+    return resolve_op(average, op, "handle_average_backwards_compatibility")
+
+
+def _name(name):
+    """As Horovod's MXNet ops: a name that is not a string counts as none
+    (the call is then matched by call order)."""
+    return name if isinstance(name, str) else None
 
 
 def _from_numpy(array, dtype):
@@ -61,7 +80,7 @@ def allreduce_(tensor: mx.nd.NDArray, average: bool | None = None, name: str | N
     process_set = set_object(process_set, "allreduce_")
     op = resolve_op(average, op, "allreduce_")
     check_array(tensor, "allreduce_")
-    name = check_name(name, "allreduce", process_set_id(process_set))
+    name = check_name(_name(name), "allreduce", process_set_id(process_set))
     _ops.allreduce_(Memory(tensor, True), name, op, prescale_factor, postscale_factor,
                     process_set=process_set)
     return tensor
@@ -88,7 +107,8 @@ def grouped_allreduce_(tensors: Iterable[mx.nd.NDArray], average: bool | None = 
     op = resolve_op(average, op, "grouped_allreduce_")
     tensors = check_arrays(tensors, "grouped_allreduce_")
     if tensors:
-        _ops.grouped_allreduce_([Memory(t, True) for t in tensors], name, op, prescale_factor,
+        _ops.grouped_allreduce_([Memory(t, True) for t in tensors], _name(name), op,
+                                prescale_factor,
                                 postscale_factor, process_set=process_set)
     return tensors
 
@@ -125,7 +145,7 @@ def _run_grouped(kind, tensors, name, what, process_set, op=Sum, prescale_factor
     (negotiated and fused as a unit, member ``i`` named ``<name>.i``),
     waits, and returns the core's result for each as a new NDArray. ``op``
     and the scale factors matter to reducescatter only."""
-    names = group_names(name, len(tensors), what, process_set_id(process_set))
+    names = group_names(_name(name), len(tensors), what, process_set_id(process_set))
     inputs = [t.asnumpy() for t in tensors]
     works = submit_arrays(kind, names, inputs, op=op_value(op), prescale=prescale_factor,
                           postscale=postscale_factor, grouped=True,
@@ -146,7 +166,7 @@ def allgather(tensor: mx.nd.NDArray, name: str | None = None, priority: int = 0,
     process_set = set_object(process_set, "allgather")
     check_array(tensor, "allgather")
     _check_rows(tensor, "allgather")
-    return _from_numpy(_ops.allgather(tensor.asnumpy(), name, process_set=process_set),
+    return _from_numpy(_ops.allgather(tensor.asnumpy(), _name(name), process_set=process_set),
                        tensor.dtype)
 
 
@@ -172,7 +192,7 @@ def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: str | None = None, p
     root_rank = check_root(root_rank, "broadcast_")
     check_array(tensor, "broadcast_")
     _ops.broadcast_(Memory(tensor, True), root_rank,
-                    check_name(name, "broadcast", process_set_id(process_set)),
+                    check_name(_name(name), "broadcast", process_set_id(process_set)),
                     process_set=process_set)
     return tensor
 
@@ -203,7 +223,8 @@ def alltoall(tensor: mx.nd.NDArray, splits: mx.nd.NDArray | Sequence[int] | None
     if with_splits:
         values = splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else np.asarray(splits)
         splits = check_splits(values.reshape(-1).tolist(), "alltoall")
-    output, received = _ops.alltoall(tensor.asnumpy(), splits, name, process_set=process_set)
+    output, received = _ops.alltoall(tensor.asnumpy(), splits, _name(name),
+                                     process_set=process_set)
     output = _from_numpy(output, tensor.dtype)
     if not with_splits:
         return output
@@ -220,7 +241,8 @@ def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp | int = Average, name: str
     op = resolve_op(None, op, "reducescatter")
     check_array(tensor, "reducescatter")
     _check_rows(tensor, "reducescatter")
-    result = _ops.reducescatter(tensor.asnumpy(), name, op, prescale_factor, postscale_factor,
+    result = _ops.reducescatter(tensor.asnumpy(), _name(name), op, prescale_factor,
+                                postscale_factor,
                                 process_set=process_set)
     return _from_numpy(result, tensor.dtype)
 

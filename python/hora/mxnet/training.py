@@ -18,6 +18,7 @@ from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
 from hora.common._adapter.checks import check_root
 from hora.common.basics import Sum
+from hora.common.exceptions import HoraTypeError
 from hora.common.compression import Compressor
 from hora.common.gradient_policy import GradientPolicy, gradient_policy
 from hora.common.process_sets import ProcessSet, global_process_set, set_size
@@ -107,7 +108,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def create_state_multi_precision(self, index, weight):
         return self._optimizer.create_state_multi_precision(index, weight)
 
-    def _reduce(self, index, grad):
+    def _do_allreduce(self, index, grad):
+        """Sums ``grad`` (one array or a list, for ``index`` one index or a
+        list) over the ranks in place (Horovod's method, which scripts
+        override or call)."""
         if not self._hora_reduces:
             return
         indices = list(index) if isinstance(index, (list, tuple)) else [index]
@@ -120,13 +124,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def update(self, index, weight, grad, state):
         """Sums ``grad`` over all ranks (of the process set), then runs the
         wrapped update."""
-        self._reduce(index, grad)
+        self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
         """Sums ``grad`` over all ranks (of the process set), then runs the
         wrapped update."""
-        self._reduce(index, grad)
+        self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr):
@@ -167,7 +171,12 @@ class DistributedTrainer(mx.gluon.Trainer):
             optimizer.rescale_grad *= members / post
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._hora_policy = policy
-        self._hora_prefix = "" if prefix is None else str(prefix)
+        # Horovod's attribute names (scripts read them)
+        self._prefix = "" if prefix is None else str(prefix)
+        self._compression = policy.compression
+        self._gradient_predivide_factor = gradient_predivide_factor
+        self._num_groups = num_groups
+        self._process_set = process_set
         self._hora_process_set = process_set
         self._hora_reduces, post, members = _reduces(process_set, policy)
         # Trainer.step divides by batch_size through _scale; dividing by
@@ -183,28 +192,28 @@ class DistributedTrainer(mx.gluon.Trainer):
                 continue
             grad = check_array(param.list_grad()[0],
                                f"DistributedTrainer gradient of {param.name}")
-            wire, ctx = self._hora_policy.compression.compress(grad)
+            wire, ctx = self._compression.compress(grad)
             grads.append(wire)
             # by position, not param.name: MXNet's automatic block names
             # depend on how many blocks each process has made before
-            names.append(f"{self._hora_prefix}trainer.grad.{i}")
+            names.append(f"{self._prefix}trainer.grad.{i}")
             if wire is not grad:
                 restore.append((grad, wire, ctx))
         _sum_in_place(grads, names, self._hora_policy.prescale, self._hora_policy,
                       self._hora_process_set)
         for grad, wire, ctx in restore:
-            grad[:] = self._hora_policy.compression.decompress(wire, ctx)
+            grad[:] = self._compression.decompress(wire, ctx)
 
 
 def _broadcast_after_init(param, root_rank, name, process_set):
     """Makes a deferred-initialization parameter broadcast its value from
-    ``root_rank`` right after MXNet initializes it."""
+    ``root_rank`` right after MXNet initializes it, and after every later
+    initialization too (``initialize(force_reinit=True)``), as Horovod's."""
     original = param._init_impl
 
     def init_then_broadcast(self, *args, **kwargs):
         original(*args, **kwargs)
         broadcast_(self.data(), root_rank, name=name, process_set=process_set)
-        self._init_impl = original  # only once
     param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
@@ -214,7 +223,9 @@ def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArra
     """Sets every rank's parameters to ``root_rank``'s.
 
     ``params`` is a gluon ``ParameterDict`` (``net.collect_params()``) or a
-    dict of name to NDArray (Module's ``arg_params``/``aux_params``).
+    dict of name to NDArray (Module's ``arg_params``/``aux_params``) or to
+    gluon ``Parameter`` (``dict(net.collect_params())``). With one rank
+    (of the set) there is nothing to do, as in Horovod.
     Parameters whose initialization is deferred (shapes not known until the
     first forward pass) are broadcast right after they are initialized, so
     every rank must run that first pass. ``prefix`` is prepended to the
@@ -227,19 +238,21 @@ def broadcast_parameters(params: mx.gluon.ParameterDict | dict[str, mx.nd.NDArra
         raise TypeError(f"broadcast_parameters: prefix must be a str, got "
                         f"{type(prefix).__name__}")
     prefix = prefix or ""
-    if isinstance(params, mx.gluon.ParameterDict):
-        arrays = []
-        for name, param in sorted(params.items()):
-            try:
-                arrays.append((name, param.data()))
-            except mx.gluon.parameter.DeferredInitializationError:
-                _broadcast_after_init(param, root_rank, f"{prefix}parameter.{name}",
-                                      process_set)
-    elif isinstance(params, dict):
-        arrays = sorted(params.items(), key=lambda item: str(item[0]))
-    else:
-        raise TypeError(f"broadcast_parameters takes a gluon ParameterDict or a dict of "
-                        f"NDArrays, got {type(params).__name__}")
+    if not isinstance(params, (mx.gluon.ParameterDict, dict)):
+        raise HoraTypeError(f"broadcast_parameters takes a gluon ParameterDict or a dict of "
+                            f"NDArrays or Parameters, got {type(params).__name__}")
+    if set_size(process_set) == 1 and (process_set is global_process_set
+                                       or process_set.included()):
+        return
+    arrays = []
+    for name, value in sorted(params.items(), key=lambda item: str(item[0])):
+        if not isinstance(value, mx.gluon.parameter.Parameter):
+            arrays.append((name, value))
+            continue
+        try:
+            arrays.append((name, value.data()))
+        except mx.gluon.parameter.DeferredInitializationError:
+            _broadcast_after_init(value, root_rank, f"{prefix}parameter.{name}", process_set)
     for name, array in arrays:
         check_array(array, f"broadcast_parameters '{name}'")
     wait_all([_ops.broadcast_async_(Memory(array, True), root_rank, f"{prefix}parameter.{name}",
