@@ -20,6 +20,7 @@ from hora.common.ops import (
     broadcast_async_, broadcast_object, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter,
     reducescatter_async, synchronize)
+from hora.runner.run_func import run
 
 __all__ = [
     "Adasum", "Average", "Handle", "HoraError", "HoraInternalError", "HoraInvalidArgumentError",
@@ -33,7 +34,8 @@ __all__ = [
     "gloo_enabled", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
     "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
-    "reducescatter", "reducescatter_async", "rocm_built", "shutdown", "size", "start_timeline",
+    "reducescatter", "reducescatter_async", "rocm_built", "run", "shutdown", "size",
+    "start_timeline",
     "stop_timeline", "synchronize",
 ]
 

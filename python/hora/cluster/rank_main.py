@@ -47,6 +47,10 @@ def run_once(rank, hostname, driver, key):
     try:
         fn, args, kwargs = _fetch_job(rank, driver, key)
         result = channel.dumps(fn(*args, **kwargs))
+    except SystemExit:
+        # how an elastic rank leaves for the next world (or leaves the job
+        # in place): its exit status tells horarun, and it returns nothing
+        raise
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the driver
         error_type, text, failed_at = _describe_failure(exc)
         _send_result(driver, key, rank, hostname, False, text, error_type, failed_at)
