@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
-from torch_helpers import float_input  # noqa: E402
+from torch_helpers import float_input, needs_ranks  # noqa: E402
 
 
 class Mixed(torch.nn.Module):
@@ -95,6 +95,7 @@ def _expected_step_gradients(rank, size, step, passes=1):
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_a_buckets_gradients_are_views_into_one_flat_buffer(set_to_none, rank, size):
+    needs_ranks(size)
     model = Stack()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                          named_parameters=model.named_parameters(),

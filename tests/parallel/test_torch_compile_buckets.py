@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
+from torch_helpers import needs_ranks  # noqa: E402
 
 WIDTH = 32
 LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # one Linear's parameters
@@ -43,6 +44,7 @@ def batch(rank, step):
 
 
 def test_buckets_start_before_the_backward_of_the_first_layers(rank, size):
+    needs_ranks(size)
     torch._dynamo.reset()
     net = model()
     bucket_bytes = 2 * LAYER_BYTES  # three buckets, the first (last layers) 2 layers

@@ -167,7 +167,7 @@ def test_mnist_script_flow_trains_like_one_process(compression, predivide, rank,
             reference_optimizer.zero_grad()
             global_batch_backward(reference, f"{tag}.{step}", size)
             reference_optimizer.step()
-            if compression == "fp16":
+            if compression == "fp16" and size > 1:  # (one rank reduces nothing)
                 for p in model.parameters():  # the averaged gradient travelled as float16
                     assert torch.equal(p.grad, p.grad.half().float())
     finally:

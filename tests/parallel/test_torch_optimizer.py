@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
-from torch_helpers import float_input  # noqa: E402
+from torch_helpers import float_input, needs_ranks  # noqa: E402
 
 STEPS = 4
 ROWS = 3
@@ -166,16 +166,22 @@ def test_unused_parameters_are_reduced_with_zeros(rank, size):
     model(x, use_b=rank == 0).sum().backward()  # only rank 0 reaches branch b
     optimizer.step()
     b_grad = model.b.weight.grad.clone()
-    never_grad = model.never.weight.grad.clone()
+    never_grad = model.never.weight.grad
     identical = same_on_every_rank(flat_parameters(model))
 
     x0 = float_input(tag, 0, (4, 3))
     assert identical
     torch.testing.assert_close(b_grad, x0.sum(0, keepdim=True) / size)
-    assert torch.equal(never_grad, torch.zeros_like(never_grad))
+    if size == 1:
+        # one rank reduces nothing, as in Horovod: the optimizer is the
+        # wrapped one, and a gradient never produced stays None
+        assert never_grad is None
+    else:
+        assert torch.equal(never_grad, torch.zeros_like(never_grad))
 
 
 def test_zero_grad_between_backward_and_step_is_an_error(rank, size):
+    needs_ranks(size)
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
@@ -188,6 +194,7 @@ def test_zero_grad_between_backward_and_step_is_an_error(rank, size):
 
 
 def test_too_many_backward_passes_is_an_error(rank, size):
+    needs_ranks(size)
     model = make_model()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
@@ -205,7 +212,7 @@ def test_argument_errors(rank, size):
     named = list(model.named_parameters())
     with pytest.raises(ValueError, match="unique.*0.weight"):
         hvd.DistributedOptimizer(sgd, named_parameters=named + [("0.weight", named[0][1])])
-    with pytest.raises(ValueError, match="not in it"):
+    with pytest.raises(ValueError, match="were not named"):
         hvd.DistributedOptimizer(sgd, named_parameters=named[1:])
     with pytest.raises(ValueError, match="tuples"):
         hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])
@@ -220,8 +227,10 @@ def test_argument_errors(rank, size):
         hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0)
-    with pytest.raises(ValueError, match="groups"):
-        hvd.DistributedOptimizer(sgd, groups=[[torch.zeros(1, requires_grad=True)]])
+    with pytest.raises(ValueError, match="groups must consist of torch.Tensor"):
+        hvd.DistributedOptimizer(sgd, groups=[["weight"]])
+    with pytest.raises(ValueError, match="groups should be a non-negative integer"):
+        hvd.DistributedOptimizer(sgd, groups=0)
     with pytest.raises(ValueError, match="process set"):
         hvd.DistributedOptimizer(sgd, process_set=object())
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
@@ -313,3 +322,71 @@ def test_sparse_gradients(as_dense, rank, size):
             expected[i] -= 1.0 / size
     assert identical
     torch.testing.assert_close(embedding.weight.detach(), expected)
+
+
+def test_one_rank_is_the_wrapped_optimizer(rank, size):
+    """As Horovod: a job of one rank hooks nothing, so the optimizer behaves
+    as the one it wraps (a `python train.py` debugging run)."""
+    if size > 1:
+        pytest.skip("one rank only")
+    model = TwoBranches()
+    embedding = torch.nn.Embedding(5, 2, sparse=True).double()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": model.parameters()},
+         {"params": embedding.parameters(), "weight_decay": 0.0}], lr=0.1, weight_decay=0.5))
+    x = float_input("torch.opt.one", rank, (4, 3))
+    for _ in range(2):  # two passes before a step accumulate, as without hora
+        (model(x, use_b=False).sum() + embedding(torch.tensor([1])).sum()).backward()
+    sparse = embedding.weight.grad
+    assert model.never.weight.grad is None and model.b.weight.grad is None
+    never_before = model.never.weight.detach().clone()
+    optimizer.step()
+    assert embedding.weight.grad is sparse  # handed to the optimizer as it was
+    # weight decay did not move a parameter that has no gradient
+    assert torch.equal(model.never.weight, never_before)
+    model(x, use_b=True).sum().backward()
+    optimizer.zero_grad()  # between backward and step: allowed
+    optimizer.step()
+
+
+def test_groups_leave_out_tensors_the_optimizer_does_not_train(rank, size):
+    model = make_model()
+    model[2].bias.requires_grad_(False)
+    other = torch.zeros(3, requires_grad=True)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+        named_parameters=[(n, p) for n, p in model.named_parameters() if p.requires_grad],
+        groups=[list(model.parameters()) + [other]])
+    x, y = batch("torch.opt.frozen", rank, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    assert same_on_every_rank(flat_parameters(model))
+
+
+def test_load_state_dict_forgets_the_step_in_flight(rank, size):
+    model = make_model()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters(),
+                                         backward_passes_per_step=2)
+    saved = optimizer.state_dict()
+    x, y = batch("torch.opt.reload", rank, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.load_state_dict(saved)  # a bad step: back to the checkpoint
+    optimizer.zero_grad()
+    for _ in range(2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    assert same_on_every_rank(flat_parameters(model))
+    assert (optimizer.op, optimizer.gradient_predivide_factor, optimizer.sparse_as_dense) == \
+        (hvd.Average, 1.0, False)
+
+
+def test_parameter_name_errors_in_horovods_words():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="Parameter names in named_parameters must be unique. "
+                                         "Found duplicates: 0.weight"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named + [("0.weight", named[0][1])])
+    with pytest.raises(ValueError, match="named_parameters should be a sequence of tuples"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])

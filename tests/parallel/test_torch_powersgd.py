@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
+from torch_helpers import needs_ranks  # noqa: E402
 
 # name -> shape; with rank 1 "w" and "conv" (4 x 18) are compressed, with rank 2
 # only "w" (4 x 18 would not shrink by 2); "bias"
@@ -109,6 +110,7 @@ def train(rank, steps, compression, op=hvd.Average, passes=1, poison=None, **kwa
 
 @pytest.mark.parametrize("rank_r", [1, 2])
 def test_matches_the_reference_on_every_rank(rank, size, rank_r):
+    needs_ranks(size)
     steps, start_iter = 5, 2
     compression = hvd.Compression.powersgd(rank=rank_r, start_iter=start_iter)
     opt, seen = train(rank, steps, compression, bucket_bytes=0)
@@ -128,6 +130,7 @@ def test_matches_the_reference_on_every_rank(rank, size, rank_r):
 
 
 def test_buckets_and_sum(rank, size):
+    needs_ranks(size)
     # the gradients reduced together in one bucket, summed rather than averaged
     steps, start_iter = 4, 1
     _, seen = train(rank, steps, hvd.Compression.powersgd(start_iter=start_iter), op=hvd.Sum)
@@ -139,6 +142,7 @@ def test_buckets_and_sum(rank, size):
 
 
 def test_accumulated_passes_in_a_process_set(rank, size):
+    needs_ranks(size)
     # two backward passes per step, among ranks 0 and 1 only (below 3 ranks,
     # that is every rank: the global set)
     members = [0, 1] if size > 2 else list(range(size))
@@ -194,6 +198,7 @@ def test_bad_arguments_raise():
 
 
 def test_an_overflow_is_handed_on_and_leaves_the_state_as_it_was(rank, size):
+    needs_ranks(size)
     # one rank's gradient of "w" overflows at step 2 (as under GradScaler,
     # which then skips the step): every rank gets a non-finite "w" there,
     # and step 3 goes on from the state of step 1 rather than from NaNs
@@ -223,6 +228,7 @@ def test_a_gradient_zero_on_every_rank_does_not_stay_zero(rank, size):
 
 
 def test_a_new_world_starts_the_compressor_again(rank, size):
+    needs_ranks(size)
     # elastic state's sync() (run when the world changes) resets Q, the
     # errors and the warm-up count on every rank
     compression = hvd.Compression.powersgd(start_iter=1)
@@ -259,6 +265,7 @@ def onebit_reference(size, steps, start_iter, min_elements):
 
 
 def test_onebit_matches_the_reference_on_every_rank(rank, size):
+    needs_ranks(size)
     steps, start_iter, min_elements = 4, 1, 16
     compression = hvd.Compression.onebit(start_iter=start_iter, min_elements=min_elements)
     _, seen = train(rank, steps, compression)
@@ -277,6 +284,7 @@ def test_onebit_matches_the_reference_on_every_rank(rank, size):
 
 
 def test_onebit_overflow_is_handed_on_and_the_errors_start_again(rank, size):
+    needs_ranks(size)
     # one rank's gradient of "w" overflows at step 2: every rank gets a
     # non-finite "w" there and starts its errors from zero, so step 3 is
     # the one-bit average of step 3's gradients alone, on every rank

@@ -48,3 +48,12 @@ def float_input(tag, rank, shape, dtype=torch.float64):
     """Continuous random values (for gradients), deterministic per (tag, rank)."""
     generator = torch.Generator().manual_seed(zlib.crc32(f"{tag}/{rank}".encode()))
     return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def needs_ranks(size):
+    """Skips a test of gradient reduction in a job of one rank, where the
+    optimizer reduces nothing and is the wrapped one, as in Horovod
+    (tests/parallel/test_torch_optimizer.py checks that)."""
+    if size == 1:
+        import pytest
+        pytest.skip("one rank reduces nothing (the wrapped optimizer steps alone), as in Horovod")

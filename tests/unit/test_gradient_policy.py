@@ -53,7 +53,7 @@ def test_policy_scales_and_defaults():
     average = policy.gradient_policy("X", gradient_predivide_factor=4.0, groups=2)
     assert (average.op, average.prescale, average.postscale) == (Average, 0.25, 4.0)
     assert average.groups == 2
-    plain_sum = policy.gradient_policy("X", op=Sum, groups=0)
+    plain_sum = policy.gradient_policy("X", op=Sum, groups=None)
     assert (plain_sum.prescale, plain_sum.postscale, plain_sum.groups) == (1.0, 1.0, None)
 
 

@@ -88,6 +88,13 @@ def _leave_if_not_needed(error: Exception) -> None:
         raise SystemExit(0)
 
 
+def elastic_job() -> bool:
+    """Whether this process runs in an elastic job (under an elastic
+    ``horarun``, or Horovod's ``HOROVOD_ELASTIC=1``), whose world may grow
+    from one rank."""
+    return "HORA_ELASTIC_SUPERVISOR" in os.environ or os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
 def shutdown() -> None:
     """Stops hora on this process. Work still pending on any rank fails with
     :class:`HoraShutdownError`. ``init`` may be called again afterwards."""

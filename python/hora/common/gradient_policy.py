@@ -131,6 +131,12 @@ def resolve_groups(groups: Any, num_groups: int, what: str, num_groups_deprecate
                       DeprecationWarning, stacklevel=stacklevel + 1)
     if groups is None:
         groups = num_groups
+    elif (isinstance(groups, numbers.Integral) and not isinstance(groups, bool)
+          and groups == 0):
+        # Horovod's check (groups > 0); num_groups=0 means no groups
+        raise ValueError(f"groups should be a non-negative integer or a list of list of "
+                         f"parameters / variables. ({what}: groups=0; leave groups as None for "
+                         f"no explicit groups)")
     return check_groups(groups, what)
 
 

@@ -59,15 +59,16 @@ def _parameter_names(optimizer, named_parameters):
         if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str)
                 or not entry[0] or not isinstance(entry[1], torch.Tensor)):
             raise ValueError(
-                "named_parameters must be a sequence of (name, parameter) tuples with non-empty "
-                f"str names, as model.named_parameters() gives; got the entry {entry!r:.80}")
+                "named_parameters should be a sequence of tuples (name, parameter), usually "
+                "produced by model.named_parameters(). (hora: names must be non-empty str; got "
+                f"the entry {entry!r:.80})")
     seen, duplicates = set(), set()
     for name, _ in entries:
         if name in seen:
             duplicates.add(name)
         seen.add(name)
     if duplicates:
-        raise ValueError("parameter names in named_parameters must be unique; repeated: "
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
                          + ", ".join(sorted(duplicates)))
     names = {}
     for name, p in entries:
@@ -75,9 +76,10 @@ def _parameter_names(optimizer, named_parameters):
     unnamed = [i for i, p in enumerate(params) if p not in names]
     if unnamed:
         raise ValueError(
-            f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are "
-            f"not in it (positions {unnamed[:10]} in the optimizer's parameter order); name "
-            f"every parameter, e.g. with model.named_parameters()")
+            f"named_parameters was specified, but one or more model parameters were not named. "
+            f"Python object ids: {', '.join(str(id(params[i])) for i in unnamed)} (hora: "
+            f"{len(unnamed)} of the optimizer's parameters, at positions {unnamed[:10]} in its "
+            f"parameter order; name every parameter, e.g. with model.named_parameters())")
     return {p: names[p] for p in params}
 
 
@@ -100,11 +102,15 @@ def _split_units(params, groups, what, names, bucket_bytes):
         units = [[params[i] for i in unit] for unit in units]
         return units, [_bucket_name(u, names) if len(u) > 1 else None for u in units]
     if not isinstance(groups, int):
+        # as Horovod: every entry a tensor; those that are not parameters of
+        # the optimizer that require grad (frozen ones, another model's) are
+        # left out
         position = {id(p) for p in params}
         for k, group in enumerate(groups):
-            if any(not isinstance(p, torch.Tensor) or id(p) not in position for p in group):
-                raise ValueError(f"{what}: groups[{k}] holds something that is not a parameter "
-                                 f"of the optimizer (one that requires grad)")
+            if any(not isinstance(p, torch.Tensor) for p in group):
+                raise ValueError(f"groups must consist of torch.Tensor. ({what}: groups[{k}] "
+                                 f"holds something else)")
+        groups = [[p for p in group if id(p) in position] for group in groups]
     units = group_units([id(p) for p in params], groups)
     # every unit of an int split is a group; of lists, the listed ones only
     grouped = len(units) if isinstance(groups, int) else sum(1 for g in groups if g)
@@ -315,6 +321,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped = _rewrap(optimizer, _DistributedOptimizer, _CLASSES, names, process_set)
     wrapped._hora_setup(hora_names, units, unit_names, policy.groups is None, policy, passes,
                         sparse_as_dense, process_set)
+    # Horovod's public attributes (read only: changing them changes nothing)
+    wrapped.op = policy.op
+    wrapped.gradient_predivide_factor = gradient_predivide_factor
+    wrapped.sparse_as_dense = sparse_as_dense
     return wrapped
 
 

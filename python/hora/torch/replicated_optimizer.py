@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hora.common._adapter.handles import DoneHandle, wait_all
+from hora.common.basics import elastic_job, size
 from hora.common.exceptions import HoraError
 from hora.common.gradient_policy import GradientPolicy, check_backward_passes
 from hora.torch import mpi_ops
@@ -43,8 +44,12 @@ class _DistributedOptimizer(SynchronizeSwitch):
         self._hora_compression = policy.compression
         # passed to every reduction: the global set costs one identity check
         self._hora_process_set = process_set
-        # outside the set nothing is reduced: no hooks, step() is a local one
-        self._hora_member = process_set is global_process_set or bool(process_set.included())
+        # outside the set nothing is reduced: no hooks, step() is a local one;
+        # nor in a job of one rank (that is not elastic), as in Horovod: the
+        # optimizer is then the wrapped one (gradients never produced stay
+        # None, passes accumulate, zero_grad may come at any time)
+        self._hora_member = ((process_set is global_process_set or bool(process_set.included()))
+                             and (size() > 1 or elastic_job()))
         self.backward_passes_per_step = backward_passes_per_step
         self._hora_op = policy.op
         self._hora_prescale = policy.prescale
@@ -348,6 +353,27 @@ class _DistributedOptimizer(SynchronizeSwitch):
         if self._hora_pending:
             raise zero_grad_while_reducing()
         return super().zero_grad(*args, **kwargs)
+
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's ``load_state_dict``, after forgetting the
+        step in progress, as Horovod does: reductions already started are
+        waited for and their results dropped, and every parameter's
+        backward passes count from zero again (reloading a checkpoint after
+        a bad step, say)."""
+        if "_hora_units" in self.__dict__:
+            started = [entry[1] for entries in self._hora_pending.values() if entries
+                       for entry in entries]
+            try:
+                wait_all(started)
+            except HoraError:
+                pass  # dropped anyway
+            self._hora_pending.clear()
+            self._hora_ready.clear()
+            for p in self._hora_delay:
+                self._hora_delay[p] = self.backward_passes_per_step
+            self._hora_synchronized = self._hora_clipped = False
+            self._hora_should_synchronize = True
+        return super().load_state_dict(state_dict)
 
     def add_param_group(self, param_group):
         """The wrapped optimizer's ``add_param_group``; the new parameters'
