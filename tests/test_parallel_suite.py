@@ -71,3 +71,20 @@ def test_parallel_suite(world_size, algorithm, fake_hosts, kernels):
     print(f"{world_size} ranks, allreduce {algorithm}, {fake_hosts or 1} host(s), "
           f"kernels {kernels}:\n" + "\n".join(summary))
     assert job.returncode == 0, f"{world_size}-rank job failed:\n{output[-20000:]}"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_exact_reduce_gradients(world_size):
+    """The gradients of Min, Max and Product with
+    HORA_EXACT_REDUCE_GRADIENTS=1 (the default jobs check Horovod's)."""
+    env = dict(os.environ, HORA_EXACT_REDUCE_GRADIENTS="1",
+               HORA_STALL_CHECK_TIME_SECONDS="30", HORA_STALL_SHUTDOWN_TIME_SECONDS="90")
+    command = [sys.executable, "-m", "hora.runner", "-np", str(world_size),
+               sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "-o", "faulthandler_timeout=240", str(ROOT / "parallel" / "test_torch_autograd.py")]
+    job = subprocess.run(command, cwd=ROOT.parent, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_SECONDS)
+    output = job.stdout.decode(errors="replace")
+    print("\n".join(line for line in output.splitlines() if " passed" in line))
+    assert job.returncode == 0, output[-20000:]
+    assert " skipped" not in output, output[-5000:]  # the ties test ran

@@ -38,3 +38,14 @@ def test_keras2_suite(world_size, job_env):
     print("\n".join(summary))
     # the Keras 2 tests skip themselves when tf.keras is not Keras 2
     assert summary and not any("skipped" in line for line in summary), output[-5000:]
+
+
+def test_exact_reduce_gradients(job_env):
+    """The gradients of Min, Max and Product with
+    HORA_EXACT_REDUCE_GRADIENTS=1 (the suite above checks Horovod's)."""
+    env = dict(job_env, HORA_EXACT_REDUCE_GRADIENTS="1", HORA_STALL_CHECK_TIME_SECONDS="30",
+               HORA_STALL_SHUTDOWN_TIME_SECONDS="90")
+    output = run_horarun(2, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             str(ROOT / "tf_parallel" / "test_tf_reduce_gradients.py")],
+                         env, ROOT.parent)
+    print("\n".join(line for line in output.splitlines() if " passed" in line))

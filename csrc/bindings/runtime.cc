@@ -110,6 +110,7 @@ void RegisterRuntime(py::module_& m) {
   m.def("dynamic_process_sets", [] { return CurrentEngine()->config().dynamic_process_sets; });
   // Also before init (an optimizer may be wrapped first): then read now.
   m.def("gradient_bucket_bytes", [] { return CurrentConfig().gradient_bucket_bytes; });
+  m.def("exact_reduce_gradients", [] { return CurrentConfig().exact_reduce_gradients; });
   m.def("add_process_set", [](const std::vector<int>& ranks) {
     std::shared_ptr<Engine> engine = CurrentEngine();
     std::shared_ptr<Work> work;

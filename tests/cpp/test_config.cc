@@ -51,6 +51,7 @@ TEST(Config, NothingSetGivesTheDefaults) {
   EXPECT_EQ(config.cpu_kernels, "auto");
   EXPECT_EQ(config.spin_us, 200);
   EXPECT_EQ(config.gradient_bucket_bytes, 25ll * 1024 * 1024);
+  EXPECT_FALSE(config.exact_reduce_gradients);
   EXPECT_TRUE(config.stall_check);
   EXPECT_EQ(config.stall_warning_seconds, 60.0);
   EXPECT_EQ(config.stall_shutdown_seconds, 0.0);
@@ -79,6 +80,7 @@ TEST(Config, ReadsTheHoraNames) {
       {"HORA_SMALL_ALLREDUCE_BYTES", "0"},
       {"HORA_SPIN_US", "0"},
       {"HORA_GRADIENT_BUCKET_BYTES", "0"},
+      {"HORA_EXACT_REDUCE_GRADIENTS", "1"},
       {"HORA_ALLREDUCE_ALGORITHM", "ring"},
       {"HORA_HIERARCHICAL_ALLREDUCE", "1"},
       {"HORA_SHARED_GPU", "stage"},
@@ -108,6 +110,7 @@ TEST(Config, ReadsTheHoraNames) {
   EXPECT_EQ(config.small_allreduce_bytes, 0);
   EXPECT_EQ(config.spin_us, 0);
   EXPECT_EQ(config.gradient_bucket_bytes, 0);
+  EXPECT_TRUE(config.exact_reduce_gradients);
   EXPECT_EQ(config.allreduce_algorithm, AllreduceAlgorithm::kRing);
   EXPECT_TRUE(config.gpu_hierarchical_allreduce);
   EXPECT_EQ(config.shared_gpu, SharedGpuPolicy::kStage);

@@ -7,7 +7,11 @@ against central finite differences of the objective (each rank perturbing
 its input in turn while the others keep theirs). Where Horovod's backward
 pass differs from that gradient by a constant (allgather and broadcast
 average the gradient, reducescatter multiplies it by the world size), hora
-matches Horovod: ``horovod_factor`` says by how much.
+matches Horovod: ``horovod_factor`` says by how much. For Min, Max and
+Product Horovod's backward is not that gradient at all (it repeats the op
+on the gradients, or gathers them): ``horovod_gradient`` computes it, and
+with ``HORA_EXACT_REDUCE_GRADIENTS=1`` (tests/test_parallel_suite.py runs
+this file so too) hora gives the exact gradient instead.
 """
 
 import pytest
@@ -15,7 +19,38 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import hora.torch as hvd  # noqa: E402
+from hora._loader import _C  # noqa: E402
 from torch_helpers import float_input  # noqa: E402
+
+# the cases whose gradient Horovod defines otherwise: (kind, op, prescale,
+# postscale); see horovod_gradient
+HOROVOD_OWN = {
+    "allreduce_min": ("allreduce", hvd.Min, 1.0, 1.0),
+    "allreduce_max_negative_prescale": ("allreduce", hvd.Max, -2.0, 1.0),
+    "allreduce_product": ("allreduce", hvd.Product, 1.5, 1.0),
+    "grouped_allreduce_max": ("grouped_max", hvd.Max, 1.0, 1.0),
+    "reducescatter_min": ("reducescatter", hvd.Min, 1.0, 1.0),
+    "reducescatter_product": ("reducescatter", hvd.Product, 1.0, 2.0),
+}
+
+
+def exact():
+    return _C.exact_reduce_gradients()
+
+
+def horovod_gradient(case, weights, rank, size):
+    """Horovod's backward pass of the cases in HOROVOD_OWN, given every
+    rank's incoming gradient (its weights)."""
+    kind, op, pre, post = HOROVOD_OWN[case]
+    if kind == "allreduce":  # the same allreduce of the gradients
+        return post * reduce_stack(op, pre * torch.stack(weights))
+    if kind == "reducescatter":  # the gathered gradient, times the factors
+        return torch.cat(weights) * (pre * post)
+    # flat([max(x), max(x[1:] * 3)]): each part's gradient allreduced with Max
+    first = reduce_stack(op, torch.stack([w[:6].reshape(3, 2) for w in weights]))
+    second = reduce_stack(op, torch.stack([w[6:].reshape(2, 2) for w in weights]))
+    first[1:] += 3 * second
+    return first
 
 STEP = 1e-6
 
@@ -152,12 +187,18 @@ def test_gradient(case, rank, size):
     expected_out, expected_grad = reference_gradient(reference, xs, weights, rank, size)
     factor = horovod_factor(case, size)
     torch.testing.assert_close(out.detach(), expected_out, rtol=1e-12, atol=1e-12)
+    if case in HOROVOD_OWN and not exact():
+        torch.testing.assert_close(x.grad, horovod_gradient(case, weights, rank, size),
+                                   rtol=1e-10, atol=1e-12)
+        return
     torch.testing.assert_close(x.grad, expected_grad * factor, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(x.grad, numeric * factor, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("op", [hvd.Min, hvd.Max], ids=["Min", "Max"])
 def test_extreme_ties_share_the_gradient(op, rank, size):
+    if not exact():
+        pytest.skip("HORA_EXACT_REDUCE_GRADIENTS=1 only")
     # element 0 is equal on every rank: each rank gets 1/size of the gradient
     x = float_input("torch.grad.ties", rank, (4,))
     x[0] = 1.5

@@ -221,3 +221,40 @@ def test_learning_rate_schedule_constant_multiplier_decays(rank, size):
     history = model.fit(x, y, epochs=4, verbose=0, callbacks=[schedule])
     # Horovod: multiplier ** (epoch - start_epoch) from start_epoch on, logged as "lr"
     np.testing.assert_allclose(history.history["lr"], [1.0, 0.8, 0.4, 0.2])
+
+
+# --- DistributedGradientTape's Horovod API ----------------------------------
+
+def test_tape_local_and_global_gradients_and_generic_names(rank, size):
+    shared = tf.Variable([1.0, 2.0])
+    own = tf.Variable([3.0])
+    with tf.GradientTape() as plain:
+        loss = tf.reduce_sum(shared * (rank + 1.0)) + tf.reduce_sum(own * (rank + 1.0))
+    tape = hvd.DistributedGradientTape(plain)
+    tape.register_local_source(own)
+    local, reduced = tape.get_local_and_global_gradients(loss, [shared, own],
+                                                         use_generic_names=True)
+    mean = sum(r + 1.0 for r in range(size)) / size
+    assert [s is own for s, _ in local] == [True] and [s is shared for s, _ in reduced] == [True]
+    np.testing.assert_allclose(reduced[0][1].numpy(), [mean, mean])
+    np.testing.assert_allclose(local[0][1].numpy(), [(rank + 1.0) / size])
+    # a tuple of sources gives a list, as Horovod's; use_generic_names is the
+    # fourth positional argument there too
+    with tf.GradientTape() as plain:
+        loss = tf.reduce_sum(shared * (rank + 1.0))
+    grads = hvd.DistributedGradientTape(plain).gradient(loss, (shared,), None, True)
+    assert isinstance(grads, list)
+    np.testing.assert_allclose(grads[0].numpy(), [mean, mean])
+
+
+def test_grouped_allreduce_takes_ignore_name_scope_and_groups_zero_is_refused(rank, size):
+    result = hvd.grouped_allreduce([tf.constant([rank + 1.0])], op=hvd.Sum,
+                                   ignore_name_scope=True)
+    assert result[0].numpy().tolist() == [sum(range(1, size + 1))]
+    with tf.GradientTape() as plain:
+        pass
+    with pytest.raises(ValueError, match="groups should be a non-negative integer"):
+        hvd.DistributedGradientTape(plain, groups=0)
+    from hora.tensorflow import mpi_ops
+    assert mpi_ops.init is hvd.init and mpi_ops.Max == hvd.Max
+    assert mpi_ops.handle_average_backwards_compatibility(None, None) == hvd.Average

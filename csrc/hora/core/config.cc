@@ -100,6 +100,8 @@ Status Config::Load(const std::function<const char*(const char*)>& lookup, Confi
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_SPIN_US", nullptr), 0, &result.spin_us));
   HORA_RETURN_IF_ERROR(ReadInt(Find(lookup, "HORA_GRADIENT_BUCKET_BYTES", nullptr), 0,
                                &result.gradient_bucket_bytes));
+  HORA_RETURN_IF_ERROR(ReadBool(Find(lookup, "HORA_EXACT_REDUCE_GRADIENTS", nullptr),
+                                &result.exact_reduce_gradients));
   const Source algorithm = Find(lookup, "HORA_ALLREDUCE_ALGORITHM", nullptr);
   if (algorithm.value != nullptr) {
     if (!ParseAllreduceAlgorithm(algorithm.value, &result.allreduce_algorithm)) {

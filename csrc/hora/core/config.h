@@ -70,6 +70,11 @@ struct Config {
   // 1 MiB, so communication starts early). 0: one allreduce per gradient,
   // as Horovod.
   int64_t gradient_bucket_bytes = 25ll * 1024 * 1024;
+  // HORA_EXACT_REDUCE_GRADIENTS: the gradients of allreduce and
+  // reducescatter with Min, Max and Product are those of the sum of the
+  // ranks' losses, not Horovod's (the op repeated on the gradients; the
+  // gathered gradient).
+  bool exact_reduce_gradients = false;
   // Stall inspector (rank 0): a collective that some ranks have submitted
   // and others have not for this long is reported, naming the missing
   // ranks; after stall_shutdown_seconds (0: never) the job stops with that

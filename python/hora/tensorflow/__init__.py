@@ -24,12 +24,13 @@ from hora.tensorflow import elastic
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import (
     BroadcastGlobalVariablesHook, allgather_object, broadcast_global_variables, broadcast_object,
-    broadcast_object_fn, check_num_rank_power_of_2, handle_average_backwards_compatibility)
+    broadcast_object_fn)
 from hora.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from hora.tensorflow.mpi_ops import (
     ProcessSet, add_process_set, allgather, allreduce, alltoall, barrier, broadcast, broadcast_,
-    broadcast_variables, global_process_set, grouped_allgather, grouped_allreduce,
-    grouped_reducescatter, join, local_rank_op, local_size_op, process_set_included_op, rank_op,
+    broadcast_variables, check_num_rank_power_of_2, global_process_set, grouped_allgather,
+    grouped_allreduce, grouped_reducescatter, handle_average_backwards_compatibility, join,
+    local_rank_op, local_size_op, process_set_included_op, rank_op,
     reducescatter, remove_process_set, size_op)
 
 __all__ = [

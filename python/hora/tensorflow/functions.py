@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hora.common import ops as _ops
-from hora.common._adapter.checks import check_root, resolve_op
+from hora.common._adapter.checks import check_root
 from hora.common.process_sets import ProcessSet, global_process_set
 
 
@@ -45,15 +45,6 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | Non
     return broadcast
 
 
-def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
-    """Horovod's helper: the reduce op from ``op`` and the deprecated
-    ``average`` (Average when neither is given)."""
-    return resolve_op(average, op, "handle_average_backwards_compatibility")
-
-
-def check_num_rank_power_of_2(num_rank: int) -> bool:
-    """Whether ``num_rank`` is a power of two (Horovod's helper)."""
-    return num_rank > 0 and num_rank & (num_rank - 1) == 0
 
 
 def broadcast_global_variables(root_rank: int) -> Any:

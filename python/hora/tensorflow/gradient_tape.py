@@ -23,16 +23,38 @@ class _DistributedTape(_Tape):
     """Mixed in before the wrapped tape's class; shares the tape's state."""
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 use_generic_names: bool = False,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
                  ) -> Any:
         """The tape's gradients of ``target`` with respect to ``sources``,
         reduced over all ranks, or those of the tape's process set (a
-        collective: each of them must call it)."""
+        collective: each of them must call it). Horovod's signature:
+        ``use_generic_names`` is accepted and changes nothing (hora names
+        the gradients' collectives by position anyway, the same on every
+        rank); ``unconnected_gradients`` is the tape's. A list or tuple of
+        sources gives a list, as Horovod's; other structures keep theirs."""
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_grads = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)
         reduced = self._hora_reducer(flat_grads, flat_sources)
+        if isinstance(sources, (list, tuple)) and len(flat_sources) == len(sources):
+            return list(reduced)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any,
+                                       output_gradients: Any = None,
+                                       use_generic_names: bool = False
+                                       ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """Horovod's: :meth:`gradient`, split into the ``(source, gradient)``
+        pairs of the local sources (``register_local_source``,
+        ``local_layers``) and those of the others, each in ``sources``'
+        order."""
+        gradients = self.gradient(target, sources, output_gradients, use_generic_names)
+        local: list[tuple[Any, Any]] = []
+        reduced: list[tuple[Any, Any]] = []
+        for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(gradients)):
+            (local if self._hora_reducer.is_local(source) else reduced).append((source, grad))
+        return local, reduced
 
     def register_local_source(self, source: tf.Variable) -> None:
         """Keeps ``source``'s gradient out of the reduction (a variable this

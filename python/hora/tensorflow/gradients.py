@@ -83,6 +83,10 @@ class GradientReducer:
         """Keeps ``variable``'s gradient out of the reduction."""
         self.local[id(variable)] = variable
 
+    def is_local(self, variable: Any) -> bool:
+        """Whether ``variable``'s gradient stays local."""
+        return id(variable) in self.local
+
     def _split_local(self, grads, variables):
         """(positions of local gradients, grads with those set to None)."""
         if not self.local or variables is None:

@@ -40,8 +40,11 @@ from hora._loader import _C
 from hora.common import ops as _ops
 from hora.common._adapter.handles import wait_all
 from hora.common._adapter.checks import check_root, check_splits, process_set_id, resolve_op
-from hora.common.basics import (
-    Adasum, Average, ReduceOp, Sum, is_initialized, local_rank, local_size, rank, size)
+from hora.common.basics import (  # noqa: F401 (Horovod's tensorflow.mpi_ops has them all)
+    Adasum, Average, Max, Min, Product, ReduceOp, Sum, ccl_built, cross_rank, cross_size,
+    cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+    rocm_built, shutdown, size)
 from hora.common.compression import Compressor
 from hora.common.exceptions import HoraInvalidArgumentError, HoraTypeError
 # add_process_set and remove_process_set are here too, as in Horovod's mpi_ops
@@ -51,6 +54,7 @@ from hora.tensorflow._bridge import (
     as_tf_error, check_tensor, check_tensors, collective_name, gathered_shape, grad_names, run,
     unconverted)
 from hora.tensorflow.compression import Compression
+from hora.tensorflow import _exact_gradients
 
 # a tf.Tensor, tf.Variable, NumPy array or anything tf.convert_to_tensor takes
 TensorLike = Any
@@ -101,12 +105,12 @@ def _differentiable_allreduce(tensors, names, op, prescale, postscale, grouped, 
         ys = _allreduce_now(list(xs), names, op, prescale, postscale, grouped, ps)
 
         def backward(*dys):
-            if op not in (Sum, Average):
-                raise NotImplementedError(
-                    f"allreduce '{names[0]}': the gradient of op {ReduceOp(op).name} is not "
-                    f"implemented; only Sum and Average are differentiable")
-            return _allreduce_now([tf.convert_to_tensor(d) for d in dys], grad_names(names), op,
-                                  prescale, postscale, grouped, ps)
+            dys = [tf.convert_to_tensor(d) for d in dys]
+            if op in (Min, Max, Product) and _C.exact_reduce_gradients():
+                return _exact_gradients.allreduce_gradients(
+                    dys, xs, grad_names(names), op, prescale, postscale, ps, _now())
+            # Horovod's: the same allreduce of the gradients
+            return _allreduce_now(dys, grad_names(names), op, prescale, postscale, grouped, ps)
         return ys, backward
     result = forward(*tensors)
     return list(result) if isinstance(result, (list, tuple)) else [result]
@@ -181,9 +185,12 @@ def grouped_allreduce(tensors: Iterable[TensorLike], average: bool | None = None
                       op: ReduceOp | int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False,
                       name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """Allreduce of a list of tensors negotiated and fused as one unit;
-    returns a list. Same arguments and errors as :func:`allreduce`."""
+    returns a list. Same arguments and errors as :func:`allreduce`
+    (``ignore_name_scope`` is Horovod's, without effect: names do not
+    depend on name scopes here)."""
     ps = _checked_set(process_set, "grouped_allreduce")
     op = resolve_op(average, op, "grouped_allreduce")
     prescale, postscale = _scale_args(prescale_factor, postscale_factor)
@@ -448,15 +455,15 @@ def _reducescatter_now(tensors, names, op, prescale, postscale, ps):
 
 
 def _differentiable_reducescatter(tensors, names, op, prescale, postscale, ps):
-    if op not in (Sum, Average):
-        # the core also supports Min/Max/Product; they have no gradient here
-        return _reducescatter_now(tensors, names, op, prescale, postscale, ps)
-
     @tf.custom_gradient
     def forward(*xs):
         ys = _reducescatter_now(list(xs), names, op, prescale, postscale, ps)
 
         def backward(*dys):
+            if op in (Min, Max, Product) and _C.exact_reduce_gradients():
+                return _exact_gradients.reducescatter_gradients(
+                    [tf.convert_to_tensor(d) for d in dys], xs, grad_names(names), op, prescale,
+                    postscale, ps, _now())
             # Horovod's: the gathered gradient, times the set's size for Sum
             scale = prescale * postscale * (set_size(ps) if op == Sum else 1)
             grads = _allgather_now([tf.convert_to_tensor(d) for d in dys], grad_names(names), ps)
@@ -598,3 +605,19 @@ def local_size_op(name: str | None = None) -> tf.Tensor:
 def local_rank_op(name: str | None = None) -> tf.Tensor:
     """This process's rank on its host, as an int32 tensor."""
     return _scalar_op(local_rank, name or "HoraLocalRank")
+
+
+def _now() -> _exact_gradients.Collectives:
+    """This module's collectives, for the exact gradients."""
+    return _exact_gradients.Collectives(_allreduce_now, _allgather_now, _reducescatter_now)
+
+
+def handle_average_backwards_compatibility(op: Any, average: Any) -> Any:
+    """Horovod's helper: the reduce op from ``op`` and the deprecated
+    ``average`` (Average when neither is given)."""
+    return resolve_op(average, op, "handle_average_backwards_compatibility")
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """Whether ``num_rank`` is a power of two (Horovod's helper)."""
+    return num_rank > 0 and num_rank & (num_rank - 1) == 0

@@ -2,8 +2,8 @@
 
 The backward passes are Horovod's, so that gradients match it exactly:
 
-- allreduce (Sum, Average, Adasum): the same allreduce of the gradient,
-  with the same op and scale factors;
+- allreduce: the same allreduce of the gradient, with the same op and
+  scale factors;
 - allgather: this rank's rows of the *average* over ranks of the gradient;
 - broadcast: the average over ranks of the gradient on the root, zeros
   elsewhere;
@@ -11,8 +11,10 @@ The backward passes are Horovod's, so that gradients match it exactly:
   and also times size() for Sum;
 - alltoall: the alltoall of the gradient back along the received splits.
 
-Min, Max and Product (which Horovod cannot differentiate) get the gradient
-of the sum over ranks of every rank's loss. Each backward pass is itself a
+With ``HORA_EXACT_REDUCE_GRADIENTS=1``, allreduce and reducescatter with
+Min, Max and Product get instead the gradient of the sum over ranks of
+every rank's loss (Horovod's repeat Min/Max/Product on the gradients, or
+gather them, which is not the derivative). Each backward pass is itself a
 collective, named after the forward collective when the user named it
 (matched by call order otherwise).
 
@@ -24,6 +26,7 @@ slice its place in the set (Horovod's). Each Function takes the
 
 import torch
 
+from hora._loader import _C
 from hora.common._adapter.naming import MemberNames
 from hora.common.basics import ReduceOp, rank
 from hora.torch._collectives import (
@@ -52,7 +55,7 @@ def product_of_others(x, name, ps, ident):
 
 
 def allreduce_grad(grad, x, op, prescale, postscale, name, ps, ident):
-    if op in _REPEATED:
+    if op in _REPEATED or not _C.exact_reduce_gradients():
         return allreduce_now(grad, op, name, prescale, postscale, ident)
     total = allreduce_now(grad, Sum, sub_name(name, "sum"), process_set=ident)
     if op in (Min, Max):
@@ -106,7 +109,7 @@ class GroupedAllreduceFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         name, named, op, prescale, postscale, ps, ident = ctx.args
         base = name_or_auto(grad_name(name, named, "grad"), "grouped_allreduce", ident)
-        if op in _REPEATED:
+        if op in _REPEATED or not _C.exact_reduce_gradients():
             result = grouped_allreduce_now(list(grads), base, op, prescale, postscale, ident)
         else:
             result = [allreduce_grad(g, x, op, prescale, postscale, f"{base}.{i}", ps, ident)
@@ -183,7 +186,7 @@ def reducescatter_grad_scale(op, prescale, postscale, ps):
 
 
 def reducescatter_grad(grad, x, op, prescale, postscale, name, ps, ident):
-    if op in (Sum, Average):
+    if op in (Sum, Average) or not _C.exact_reduce_gradients():
         return (allgather_now(grad, name, ident)
                 * reducescatter_grad_scale(op, prescale, postscale, ps))
     if op in (Min, Max):
