@@ -27,6 +27,11 @@ class _VariablesState(ObjectState):
         raise NotImplementedError
 
     def _save_variables(self) -> None:
+        import tensorflow as tf
+        if not tf.executing_eagerly():
+            raise RuntimeError(f"{type(self).__name__}: hora's elastic states run eagerly "
+                               f"(TensorFlow 2); a TF1 graph run by a Session is not supported "
+                               f"here (Horovod's session= path)")
         self._saved_values = [np.array(v.numpy(), copy=True) for v in self._variables()]
 
     def _load_variables(self) -> None:
@@ -78,8 +83,9 @@ class TensorFlowKerasState(_VariablesState):
     def _variables(self) -> list[Any]:
         # model.weights, not model.variables: Keras 3 counts the seed
         # generators' state among the variables, and sharing it would give
-        # every rank the same dropout masks
-        variables = list(self.model.weights)
+        # every rank the same dropout masks (a tf.Module has variables only)
+        weights = getattr(self.model, "weights", None)
+        variables = list(self.model.variables if weights is None else weights)
         if self.optimizer is not None:
             from hora.tensorflow.keras._flavor import optimizer_variables
 
@@ -89,13 +95,16 @@ class TensorFlowKerasState(_VariablesState):
 
 class TensorFlowState(_VariablesState):
     """Elastic state of a list of ``tf.Variable`` s, plus any picklable
-    attributes given as keywords. (``session`` is accepted for Horovod's
-    signature; TensorFlow 2 runs eagerly and needs none.)"""
+    attributes given as keywords. Without variables, those of
+    ``tf.compat.v1.global_variables()`` (as Horovod's; none when running
+    eagerly, so the state holds the keywords alone). (``session`` is
+    accepted for Horovod's signature; TensorFlow 2 runs eagerly and needs
+    none.)"""
 
-    def __init__(self, variables: list[Any], session: Any = None, **kwargs: Any):
+    def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any):
         if variables is None:
-            raise ValueError("TensorFlowState: pass the variables to keep (TensorFlow 2 has no "
-                             "global variable collection)")
+            import tensorflow as tf
+            variables = tf.compat.v1.global_variables()
         self.variables = list(variables)
         self.session = session
         self._save_variables()

@@ -54,6 +54,9 @@ def optimizer_variables(optimizer: Any, trainable_variables: list[Any]) -> list[
     """The variables of ``optimizer`` (Keras 3, Keras 2 or Keras 2's legacy
     optimizers), creating them for ``trainable_variables`` first if the
     optimizer has not run yet, so that every rank has the same list."""
+    import tensorflow as tf
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):  # TF1's: its slots, as they are
+        return list(optimizer.variables())
     if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy (OptimizerV2)
         optimizer._create_all_weights(list(trainable_variables))
     elif not getattr(optimizer, "built", getattr(optimizer, "_built", False)):

@@ -27,7 +27,11 @@ __all__ = [
 
 class KerasState(TensorFlowKerasState):
     """Elastic state of a compiled Keras model (weights and optimizer), plus
-    any picklable attributes given as keywords (``epoch=0, batch=0``)."""
+    any picklable attributes given as keywords (``epoch=0, batch=0``);
+    ``state.backend`` is Keras's backend module, as in Horovod."""
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any):
+        super().__init__(model, optimizer=optimizer, backend=keras.backend, **kwargs)
 
 
 class CommitStateCallback(keras.callbacks.Callback):
@@ -36,6 +40,7 @@ class CommitStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state: State, batches_per_commit: int = 1):
         super().__init__()
+        self.backend = keras.backend
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
@@ -47,10 +52,14 @@ class CommitStateCallback(keras.callbacks.Callback):
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.state.commit()
+            self.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.commit()
+
+    def commit(self) -> None:
+        """Commits the state (Horovod's hook: a subclass may override it)."""
         self.state.commit()
 
 
@@ -61,6 +70,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state: ObjectState):
         super().__init__()
+        self.backend = keras.backend
         self.state = state
         self.steps_per_epoch = None
 
@@ -87,6 +97,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
     def __init__(self, state: ObjectState):
         super().__init__()
+        self.backend = keras.backend
         self.state = state
         self.initial_epoch = state.epoch
 
