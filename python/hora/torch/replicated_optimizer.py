@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hora.common._adapter.handles import DoneHandle, wait_all
-from hora.common.basics import elastic_job, size
+from hora.common.basics import elastic_job, is_initialized, size
 from hora.common.exceptions import HoraError
 from hora.common.gradient_policy import GradientPolicy, check_backward_passes
 from hora.torch import mpi_ops
@@ -48,8 +48,9 @@ class _DistributedOptimizer(SynchronizeSwitch):
         # nor in a job of one rank (that is not elastic), as in Horovod: the
         # optimizer is then the wrapped one (gradients never produced stay
         # None, passes accumulate, zero_grad may come at any time)
+        # (wrapped before hora.init(), the size is not known yet: hooked)
         self._hora_member = ((process_set is global_process_set or bool(process_set.included()))
-                             and (size() > 1 or elastic_job()))
+                             and (not is_initialized() or size() > 1 or elastic_job()))
         self.backward_passes_per_step = backward_passes_per_step
         self._hora_op = policy.op
         self._hora_prescale = policy.prescale

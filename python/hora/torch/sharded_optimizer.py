@@ -37,7 +37,8 @@ import torch
 
 from hora._loader import _C
 from hora.common._adapter.handles import Handle, poll, synchronize, wait_for
-from hora.common.basics import Max, Sum
+from hora.common.basics import Max, Sum, elastic_job, is_initialized, size
+from hora.common.compression import NoneCompressor
 from hora.common.exceptions import HoraError
 from hora.common.shard_layout import ShardLayout
 from hora.torch import _memory
@@ -90,7 +91,10 @@ class _ShardedOptimizer(SynchronizeSwitch):
         self._hora_member = process_set is global_process_set or bool(process_set.included())
         self._hora_units = units
         self._hora_model_units = model_units
-        self._hora_compression = policy.compression
+        # in a job of one rank (not elastic) nothing is sent, so nothing is
+        # cast for the wire (the replicated optimizer reduces nothing there)
+        self._hora_compression = (NoneCompressor if is_initialized() and size() == 1
+                                  and not elastic_job() else policy.compression)
         self._hora_op = policy.op
         self._hora_prescale = policy.prescale
         self._hora_postscale = policy.postscale
