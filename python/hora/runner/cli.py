@@ -34,7 +34,7 @@ _NO_EFFECT = {
     "num_nccl_streams": "hora uses one NCCL stream per device",
     "thread_affinity": "hora does not pin its engine thread",
     "gloo_timeout_seconds": "hora has no Gloo controller",
-    "tcp_flag": "over MPI the transport is mpirun's choice (--mpi-args picks it); "
+    "tcp": "over MPI the transport is mpirun's choice (--mpi-args picks it); "
                 "--transport tcp is hora's own TCP transport",
 }
 
@@ -103,7 +103,7 @@ def build_parser():
                                 "whole host is lost)")
     transport.add_argument("--mpi", action="store_true", dest="use_mpi",
                            help="launch through mpirun (Horovod's flag; the default)")
-    transport.add_argument("--tcp", action="store_true", dest="tcp_flag",
+    transport.add_argument("--tcp", action="store_true",
                            help="Horovod's flag; no effect here (see --transport)")
     transport.add_argument("--remote-shell", metavar="CMD", default="ssh",
                            help="with --transport tcp: how horarun starts ranks on other hosts "
@@ -252,21 +252,21 @@ def build_parser():
 
 # Options that take a value (argparse would take "--mpi-args --foo" for two
 # options of ours, so their value is attached), from the parser itself.
-def _value_options():
+def _value_options(parser):
     """{option: how many values it takes}."""
     return {option: action.nargs if isinstance(action.nargs, int) else 1
-            for action in build_parser()._actions
+            for action in parser._actions
             if action.option_strings and action.nargs != 0 for option in action.option_strings}
 
 
 _ARGS_OPTIONS = {"--mpi-args", "--binding-args"}
 
 
-def _attach_args_values(argv):
+def _attach_args_values(argv, parser):
     """Rewrites ``--mpi-args "--x y"`` as ``--mpi-args=--x y`` in horarun's own
     options (never in the command's)."""
     argv = list(argv)
-    value_options = _value_options()
+    value_options = _value_options(parser)
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -308,7 +308,7 @@ def _env_seconds(env, names, default, parser):
 def parse_args(argv=None, env=None):
     env = os.environ if env is None else env
     parser = build_parser()
-    args = parser.parse_args(_attach_args_values(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(_attach_args_values(sys.argv[1:] if argv is None else argv, parser))
     command = list(args.command)
     # REMAINDER keeps a separating "--"; it is ours, not the command's.
     if command[:1] == ["--"]:
@@ -334,8 +334,8 @@ def parse_args(argv=None, env=None):
             parser)
     if args.use_mpi and args.transport == "tcp":
         parser.error("--mpi and --transport tcp: choose one")
-    args.notes = [f"horarun: --{'tcp' if name == 'tcp_flag' else name.replace('_', '-')} has "
-                  f"no effect in hora: {why}" for name, why in _NO_EFFECT.items()
+    args.notes = [f"horarun: --{name.replace('_', '-')} has no effect in hora: {why}"
+                  for name, why in _NO_EFFECT.items()
                   if getattr(args, name) not in (None, False)]
     try:
         args.mpi_args = shlex.split(args.mpi_args)

@@ -295,10 +295,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
         except HoraError as error:
             raise self._hora_name_group_member(error, entries) from None
         finally:
-            self._hora_pending.clear()
-            self._hora_ready.clear()
-            for p in self._hora_delay:
-                self._hora_delay[p] = self.backward_passes_per_step
+            self._hora_restart_passes()
         rounds = [(entry[2], result) for entry, result in zip(entries, results)
                   if entry[0] == "compressed"]
         if rounds:
@@ -307,14 +304,19 @@ class _DistributedOptimizer(SynchronizeSwitch):
             self._hora_finish(entry, result)
         self._hora_synchronized = True
 
-    def _hora_drop_step(self):
-        """Forgets the step in flight (its reductions failed with a lost
-        rank) and its gradients, so that the survivors redo it in a world
-        re-formed in place (hora.common.elastic)."""
+    def _hora_restart_passes(self):
+        """No reduction pending, and every parameter's backward passes
+        counted from zero."""
         self._hora_pending.clear()
         self._hora_ready.clear()
         for p in self._hora_delay:
             self._hora_delay[p] = self.backward_passes_per_step
+
+    def _hora_drop_step(self):
+        """Forgets the step in flight (its reductions failed with a lost
+        rank) and its gradients, so that the survivors redo it in a world
+        re-formed in place (hora.common.elastic)."""
+        self._hora_restart_passes()
         self._hora_synchronized = self._hora_clipped = False
         super().zero_grad(set_to_none=True)
 
@@ -368,10 +370,7 @@ class _DistributedOptimizer(SynchronizeSwitch):
                 wait_all(started)
             except HoraError:
                 pass  # dropped anyway
-            self._hora_pending.clear()
-            self._hora_ready.clear()
-            for p in self._hora_delay:
-                self._hora_delay[p] = self.backward_passes_per_step
+            self._hora_restart_passes()
             self._hora_synchronized = self._hora_clipped = False
             self._hora_should_synchronize = True
         return super().load_state_dict(state_dict)
